@@ -1,0 +1,1 @@
+"""Operator tools: the `rollout` CLI, scripts and configuration for running the gateway."""

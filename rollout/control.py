@@ -1,0 +1,119 @@
+"""The audited ways to change the rollout state.
+
+Every mutation names an actor and a reason, is a compare-and-set on the revision the caller
+read, and lands in the audit log with the state before and after. Kill is the one change that
+always wins: it retries through concurrent writes, because an operator pulling the canary back
+must never be told to try again.
+"""
+
+from __future__ import annotations
+
+from rollout.clock import Clock, SystemClock
+from rollout.errors import InvalidChange, RevisionConflict
+from rollout.state import BUCKETS, RolloutState, format_bp
+from rollout.store import StateStore
+
+_KILL_ATTEMPTS = 20
+
+
+class Rollout:
+    def __init__(self, store: StateStore, clock: Clock | None = None):
+        self.store = store
+        self.clock = clock or SystemClock()
+
+    def state(self) -> RolloutState:
+        return self.store.get()
+
+    def _write(self, before: RolloutState, *, actor: str, action: str, reason: str, **changes):
+        actor, reason = actor.strip(), reason.strip()
+        if not actor:
+            raise InvalidChange("every change must name an actor")
+        if not reason:
+            raise InvalidChange("every change must give a reason")
+        after = before.model_copy(
+            update=dict(
+                changes, revision=before.revision + 1, updated_at=self.clock.time(),
+                updated_by=actor, reason=reason,
+            )
+        )
+        RolloutState.model_validate(after.model_dump())  # re-check field bounds
+        return self.store.compare_and_set(before, after, actor=actor, action=action, reason=reason)
+
+    def set_canary(
+        self, bp: int, *, actor: str, reason: str, expected_revision: int | None = None
+    ) -> tuple[RolloutState, RolloutState]:
+        """Move the canary share to `bp` basis points.
+
+        With `expected_revision`, fail with RevisionConflict unless the state is still at that
+        revision (the CLI passes the revision it showed the operator when asking to confirm).
+        """
+        if not 0 <= bp <= BUCKETS:
+            raise InvalidChange(f"canary share must be within 0..{BUCKETS} bp, got {bp}")
+        before = self.store.get()
+        if expected_revision is not None and before.revision != expected_revision:
+            raise RevisionConflict(expected_revision, before.revision)
+        action = f"canary {format_bp(before.canary_bp)} -> {format_bp(bp)}"
+        return before, self._write(before, actor=actor, action=action, reason=reason, canary_bp=bp)
+
+    def kill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
+        return self._retrying(actor=actor, reason=reason, action="kill", kill=True)
+
+    def unkill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
+        return self._retrying(actor=actor, reason=reason, action="unkill", kill=False)
+
+    def _retrying(self, **write) -> tuple[RolloutState, RolloutState]:
+        for _ in range(_KILL_ATTEMPTS):
+            before = self.store.get()
+            try:
+                return before, self._write(before, **write)
+            except RevisionConflict:
+                continue
+        raise RevisionConflict(before.revision, self.store.get().revision)
+
+    def revert(
+        self, revision: int, *, actor: str, reason: str, expected_revision: int | None = None
+    ) -> tuple[RolloutState, RolloutState]:
+        """Restore the share and kill switch recorded at `revision` (itself a new, audited revision).
+
+        Model versions are facts about what is deployed, not settings, so they are kept. A revert
+        that would send traffic to an optimized model other than the one that had that share is
+        refused: that share was never approved for the model now deployed.
+        """
+        target = self.store.state_at(revision)
+        before = self.store.get()
+        if expected_revision is not None and before.revision != expected_revision:
+            raise RevisionConflict(expected_revision, before.revision)
+        if (
+            target.effective_bp > 0
+            and target.optimized_version
+            and target.optimized_version != before.optimized_version
+        ):
+            raise InvalidChange(
+                f"revision {revision} routed {format_bp(target.canary_bp)} to optimized version "
+                f"{target.optimized_version}, but {before.optimized_version or 'another'} is "
+                "deployed now: set the share explicitly instead"
+            )
+        after = self._write(
+            before, actor=actor, reason=reason, action=f"revert to revision {revision}",
+            canary_bp=target.canary_bp, kill=target.kill,
+        )
+        return before, after
+
+    def register_versions(self, baseline: str, optimized: str, *, actor: str) -> RolloutState:
+        """Record the versions a gateway serves. A new optimized model starts again from 0 %."""
+        for _ in range(_KILL_ATTEMPTS):
+            before = self.store.get()
+            if (before.baseline_version, before.optimized_version) == (baseline, optimized):
+                return before
+            changes = dict(baseline_version=baseline, optimized_version=optimized)
+            reason = f"deployed baseline {baseline}, optimized {optimized}"
+            if before.optimized_version and before.optimized_version != optimized:
+                changes["canary_bp"] = 0
+                reason += f" (optimized was {before.optimized_version}: canary share reset to 0)"
+            try:
+                return self._write(
+                    before, actor=actor, action="register versions", reason=reason, **changes
+                )
+            except RevisionConflict:
+                continue
+        return self.store.get()

@@ -1,0 +1,159 @@
+"""The Redis state store.
+
+Keys, under one namespace per application (`rollout:<app>:`):
+
+- `state`    hash: the current state's fields plus `revision`
+- `history`  hash: revision -> the state's JSON (the rollback path)
+- `audit`    stream: actor, action, reason, revision, before, after, ts
+- `changes`  pub/sub channel: the new revision, published on every change
+
+The write is one Lua script, so checking the revision, writing the state, recording history,
+appending the audit entry and notifying gateways happen atomically or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from rollout.errors import RevisionConflict, RevisionNotFound, StoreUnavailable
+from rollout.state import AuditEntry, RolloutState
+from rollout.store import StateStore, Subscription, check_successor
+
+_CAS = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
+if current ~= tonumber(ARGV[1]) then
+  return {0, current}
+end
+redis.call('HSET', KEYS[1], 'revision', ARGV[2], 'json', ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'ts', ARGV[4], 'actor', ARGV[5], 'action', ARGV[6],
+           'reason', ARGV[7], 'revision', ARGV[2], 'before', ARGV[8], 'after', ARGV[3])
+redis.call('PUBLISH', ARGV[9], ARGV[2])
+return {1, tonumber(ARGV[2])}
+"""
+
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError)
+
+
+def _unavailable(exc: Exception, url: str) -> StoreUnavailable:
+    safe = redact_url(url)
+    return StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user + ':***' if user else '***'}@{host}"
+
+
+class _RedisSubscription(Subscription):
+    def __init__(self, store: RedisStateStore):
+        self._store = store
+        self._pubsub = store._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            self._pubsub.subscribe(store.channel)
+        except _UNAVAILABLE as exc:
+            self._pubsub.close()
+            raise _unavailable(exc, store.url) from None
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            fired = self._pubsub.get_message(timeout=timeout) is not None
+            # Drain a burst of notifications: one refresh covers them all.
+            while self._pubsub.get_message(timeout=0) is not None:
+                pass
+            return fired
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc, self._store.url) from None
+
+    def close(self) -> None:
+        try:
+            self._pubsub.close()
+        except _UNAVAILABLE:
+            pass
+
+
+class RedisStateStore(StateStore):
+    def __init__(self, url: str, app: str, *, timeout_s: float = 2.0):
+        self.url = url
+        self.app = app
+        prefix = f"rollout:{app}:"
+        self.state_key = prefix + "state"
+        self.history_key = prefix + "history"
+        self.audit_key = prefix + "audit"
+        self.channel = prefix + "changes"
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=30,
+            decode_responses=True,
+        )
+        self._cas = self._client.register_script(_CAS)
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc, self.url) from None
+
+    def ping(self) -> None:
+        self._call(self._client.ping)
+
+    def get(self) -> RolloutState:
+        raw = self._call(self._client.hget, self.state_key, "json")
+        return RolloutState.model_validate_json(raw) if raw else RolloutState()
+
+    def compare_and_set(self, before, after, *, actor, action, reason):
+        check_successor(before, after)
+        before_json = before.model_dump_json() if before.revision else ""
+        ok, current = self._call(
+            self._cas,
+            keys=[self.state_key, self.history_key, self.audit_key],
+            args=[
+                before.revision, after.revision, after.model_dump_json(), repr(after.updated_at),
+                actor, action, reason, before_json, self.channel,
+            ],
+        )
+        if not ok:
+            raise RevisionConflict(before.revision, int(current))
+        return after
+
+    def audit(self, last=None):
+        if last:
+            rows = self._call(self._client.xrevrange, self.audit_key, count=last)[::-1]
+        else:
+            rows = self._call(self._client.xrange, self.audit_key)
+        return [_entry(entry_id, fields) for entry_id, fields in rows]
+
+    def state_at(self, revision):
+        raw = self._call(self._client.hget, self.history_key, str(revision))
+        if not raw:
+            raise RevisionNotFound(f"no state recorded at revision {revision}")
+        return RolloutState.model_validate_json(raw)
+
+    def subscribe(self) -> Subscription:
+        return _RedisSubscription(self)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _entry(entry_id: str, fields: dict[str, str]) -> AuditEntry:
+    before = fields.get("before") or None
+    return AuditEntry(
+        id=entry_id,
+        ts=float(fields["ts"]),
+        actor=fields["actor"],
+        action=fields["action"],
+        reason=fields["reason"],
+        revision=int(fields["revision"]),
+        before=RolloutState.model_validate(json.loads(before)) if before else None,
+        after=RolloutState.model_validate_json(fields["after"]),
+    )

@@ -1,0 +1,122 @@
+"""Every setting of the gateway and the CLI, in one pydantic settings object.
+
+Read from the environment with the prefix `CANARY_` (e.g. `CANARY_MAX_BATCH_SIZE=32`), except
+`REDIS_URL`, which is read under that common name. Nothing reads the environment at import time:
+call `Settings()` where the process starts (the Serve application builder, the CLI's main).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment", "health")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CANARY_", extra="ignore", frozen=True)
+
+    # --- rollout state -----------------------------------------------------------------
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "CANARY_REDIS_URL", "redis_url"),
+        description="Redis holding the rollout state, audit log and change channel",
+    )
+    app_name: str = Field("default", description="namespace of this application's Redis keys")
+    redis_timeout_s: float = Field(2.0, gt=0, le=30)
+    state_poll_s: float = Field(1.0, gt=0, le=60, description="fallback poll of the state")
+    state_staleness_s: float = Field(
+        5.0, gt=0, le=3600, description="cached state older than this routes all to baseline"
+    )
+    routing_salt: str = Field("", max_length=64, description="changes which keys are canaries")
+
+    # --- models --------------------------------------------------------------------------
+    model_path: str | None = Field(
+        None, description="local Hugging Face model folder; default: packaged all-MiniLM-L6-v2"
+    )
+    optimized_recipe: Literal["auto", "int8-dynamic", "fp16", "bf16", "fp32"] = Field(
+        "auto", description="auto: int8 dynamic quantization on CPU, fp16 on CUDA"
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    labels: Annotated[tuple[str, ...], NoDecode] = Field(
+        DEFAULT_LABELS, description="zero-shot labels (comma-separated or a JSON list)"
+    )
+    label_template: str = Field("This text is about {}.", description="label description")
+    default_task: Literal["classify", "embed"] = "classify"
+    max_tokens: int = Field(256, ge=8, le=8192, description="inputs are truncated to this")
+    torch_threads: int = Field(0, ge=0, le=256, description="0: cores / model replicas")
+
+    # --- batching ------------------------------------------------------------------------
+    max_batch_size: int = Field(16, ge=1, le=4096, description="requests merged per batch")
+    batch_wait_ms: float = Field(
+        5.0, ge=0, le=1000, description="how long a batch waits to fill"
+    )
+
+    # --- input limits and timeouts -----------------------------------------------------------
+    max_items: int = Field(64, ge=1, le=10_000, description="inputs per request")
+    max_item_chars: int = Field(8_192, ge=1, le=1_000_000, description="characters per input")
+    max_total_chars: int = Field(131_072, ge=1, le=10_000_000, description="chars per request")
+    request_timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of a model call")
+
+    # --- Serve resources ---------------------------------------------------------------------
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    gateway_num_cpus: float = Field(0.25, ge=0, le=64)
+    model_num_cpus: float = Field(0.5, ge=0, le=64)
+    model_num_gpus: float = Field(0.0, ge=0, le=8)
+    model_max_ongoing_requests: int = Field(64, ge=1, le=10_000)
+    gateway_max_ongoing_requests: int = Field(256, ge=1, le=100_000)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _split_labels(cls, value):
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                value = json.loads(text)
+            else:
+                value = [part for part in text.split(",")]
+        labels = tuple(str(v).strip() for v in value)
+        if len(labels) < 2 or any(not label for label in labels):
+            raise ValueError("give at least two non-empty labels")
+        if len(set(labels)) != len(labels):
+            raise ValueError("labels must be distinct")
+        return labels
+
+    @field_validator("app_name")
+    @classmethod
+    def _app_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+            raise ValueError("app_name: 1-64 letters, digits, '_', '.' or '-'")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not re.match(r"^(redis|rediss|unix)://", value):
+            raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("label_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        if value.count("{}") != 1:
+            raise ValueError("label_template must contain '{}' exactly once")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        if self.state_staleness_s <= self.state_poll_s:
+            raise ValueError("state_staleness_s must be longer than state_poll_s")
+        if self.max_item_chars > self.max_total_chars:
+            raise ValueError("max_item_chars cannot exceed max_total_chars")
+        return self
+
+    def threads_per_model(self, replicas: int = 2) -> int:
+        return self.torch_threads or max(1, (os.cpu_count() or 1) // replicas)

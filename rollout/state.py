@@ -1,0 +1,83 @@
+"""The rollout state and the audit record, as immutable pydantic models.
+
+The canary share is kept in basis points (1 bp = 0.01 %) so that every share an operator can
+set is exact: 0.01 % is the smallest step and 10,000 bp is all traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout.errors import InvalidChange
+
+BUCKETS = 10_000  # one bucket per basis point of traffic
+
+_PERCENT = re.compile(r"^\d{1,3}(\.\d{1,2})?$")
+
+
+class RolloutState(BaseModel):
+    """What every gateway routes by. Each change bumps `revision` by exactly one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    canary_bp: int = Field(0, ge=0, le=BUCKETS, description="canary share in basis points")
+    kill: bool = Field(False, description="kill switch: when on, everything goes to baseline")
+    baseline_version: str = ""
+    optimized_version: str = ""
+    revision: int = Field(0, ge=0)
+    updated_at: float = 0.0
+    updated_by: str = ""
+    reason: str = ""
+
+    @property
+    def canary_percent(self) -> float:
+        return self.canary_bp / 100
+
+    @property
+    def effective_bp(self) -> int:
+        """The share actually routed to the canary: the kill switch beats the share."""
+        return 0 if self.kill else self.canary_bp
+
+
+class AuditEntry(BaseModel):
+    """One change: who, when, what, why, and the state before and after."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    ts: float
+    actor: str
+    action: str
+    reason: str
+    revision: int
+    before: RolloutState | None
+    after: RolloutState
+
+
+def parse_percent(text: str | float) -> int:
+    """Turn an operator's percentage ("5", "0.25", "100") into basis points.
+
+    Rejects anything outside 0–100 or finer than 0.01 %, rather than rounding silently.
+    """
+    raw = str(text).strip()
+    if isinstance(text, float) and math.isfinite(text):
+        raw = f"{text:.10f}".rstrip("0").rstrip(".")
+    if not _PERCENT.match(raw):
+        raise InvalidChange(
+            f"invalid canary share {str(text)!r}: give a percentage between 0 and 100 "
+            "with at most two decimals (0.01 is the smallest step)"
+        )
+    whole, _, frac = raw.partition(".")
+    bp = int(whole) * 100 + int((frac + "00")[:2])
+    if bp > BUCKETS:
+        raise InvalidChange(f"invalid canary share {raw}%: it cannot exceed 100")
+    return bp
+
+
+def format_bp(bp: int) -> str:
+    """Basis points as a percentage string without float noise: 1 -> '0.01%', 500 -> '5%'."""
+    whole, frac = divmod(bp, 100)
+    return f"{whole}.{frac:02d}".rstrip("0").rstrip(".") + "%"

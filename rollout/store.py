@@ -1,0 +1,139 @@
+"""The state store: the narrow interface every rollout change goes through, and its in-memory twin.
+
+A store keeps three things per application: the current `RolloutState`, every state it ever held
+by revision (the rollback path), and an append-only audit log. Its single write is
+`compare_and_set`: it succeeds only when the stored revision is still the one the caller read,
+so two operators acting at once never lose an update. Every successful write notifies
+subscribers, which is how gateways hear of a change within milliseconds.
+
+`MemoryStateStore` is for unit tests of logic; `RedisStateStore` (rollout.redis_store) is the
+real one. Both pass the same contract tests (tests/store_contract.py).
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import threading
+
+from rollout.errors import RevisionConflict, RevisionNotFound
+from rollout.state import AuditEntry, RolloutState
+
+
+class Subscription(abc.ABC):
+    """Change notifications for one listener."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds; True when a change was published meanwhile."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class StateStore(abc.ABC):
+    @abc.abstractmethod
+    def get(self) -> RolloutState:
+        """The current state; a store that holds none yet answers the default (revision 0)."""
+
+    @abc.abstractmethod
+    def compare_and_set(
+        self, before: RolloutState, after: RolloutState, *, actor: str, action: str, reason: str
+    ) -> RolloutState:
+        """Store `after` if the current revision is still `before.revision`.
+
+        `after.revision` must be `before.revision + 1`. Appends an audit entry and notifies
+        subscribers in the same atomic step. Raises RevisionConflict when the state moved.
+        """
+
+    @abc.abstractmethod
+    def audit(self, last: int | None = None) -> list[AuditEntry]:
+        """Audit entries, oldest first; only the newest `last` when given."""
+
+    @abc.abstractmethod
+    def state_at(self, revision: int) -> RolloutState:
+        """The state as it was recorded at `revision`; RevisionNotFound if never recorded."""
+
+    @abc.abstractmethod
+    def subscribe(self) -> Subscription: ...
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable when the store cannot be reached."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def check_successor(before: RolloutState, after: RolloutState) -> None:
+    if after.revision != before.revision + 1:
+        raise ValueError(
+            f"after.revision must be {before.revision + 1}, got {after.revision}"
+        )
+
+
+class _MemorySubscription(Subscription):
+    def __init__(self, store: MemoryStateStore):
+        self._store = store
+        self._seen = store._published
+
+    def wait(self, timeout: float) -> bool:
+        with self._store._changed:
+            self._store._changed.wait_for(
+                lambda: self._store._published != self._seen, timeout=timeout
+            )
+            fired = self._store._published != self._seen
+            self._seen = self._store._published
+            return fired
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryStateStore(StateStore):
+    """An honest in-process twin of the Redis store, for unit tests."""
+
+    def __init__(self) -> None:
+        self._state = RolloutState()
+        self._history: dict[int, RolloutState] = {}
+        self._audit: list[AuditEntry] = []
+        self._ids = itertools.count(1)
+        self._changed = threading.Condition()
+        self._published = 0
+
+    def get(self) -> RolloutState:
+        with self._changed:
+            return self._state
+
+    def compare_and_set(self, before, after, *, actor, action, reason):
+        check_successor(before, after)
+        with self._changed:
+            if self._state.revision != before.revision:
+                raise RevisionConflict(before.revision, self._state.revision)
+            previous = self._state if self._state.revision else None
+            self._state = after
+            self._history[after.revision] = after
+            self._audit.append(
+                AuditEntry(
+                    id=f"{next(self._ids)}-0", ts=after.updated_at, actor=actor,
+                    action=action, reason=reason, revision=after.revision,
+                    before=previous, after=after,
+                )
+            )
+            self._published += 1
+            self._changed.notify_all()
+            return after
+
+    def audit(self, last=None):
+        with self._changed:
+            entries = list(self._audit)
+        return entries[-last:] if last else entries
+
+    def state_at(self, revision):
+        with self._changed:
+            try:
+                return self._history[revision]
+            except KeyError:
+                raise RevisionNotFound(f"no state recorded at revision {revision}") from None
+
+    def subscribe(self) -> Subscription:
+        return _MemorySubscription(self)

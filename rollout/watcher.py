@@ -1,0 +1,110 @@
+"""A gateway's cached copy of the rollout state, kept fresh without a Redis call per request.
+
+Refresh: a background thread waits on the store's change notifications (pub/sub) with the poll
+interval as its timeout, and re-reads the state after every notification *and* every timeout, so
+a lost notification costs at most one poll interval.
+
+Fail-safe: the view is `stale` once the last successful read is older than `staleness_s`
+(measured on the injected monotonic clock). Routing treats a stale view as "all baseline":
+serving never stops when Redis is unreachable, it only stops trusting its copy of the canary
+share. It recovers by itself on the next successful read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from rollout.clock import Clock, SystemClock
+from rollout.errors import RolloutError
+from rollout.state import RolloutState
+from rollout.store import StateStore, Subscription
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StateView:
+    state: RolloutState
+    age_s: float  # seconds since the last successful read; inf if never read
+    stale: bool
+    error: str | None  # the last refresh error, None once a read succeeds again
+    loaded: bool  # a read has succeeded at least once
+
+
+class StateWatcher:
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        poll_s: float,
+        staleness_s: float,
+        clock: Clock | None = None,
+    ):
+        if staleness_s <= poll_s:
+            raise ValueError("staleness_s must be longer than poll_s")
+        self.store = store
+        self.poll_s = poll_s
+        self.staleness_s = staleness_s
+        self.clock = clock or SystemClock()
+        self._state = RolloutState()
+        self._read_at: float | None = None
+        self._error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def view(self) -> StateView:
+        with self._lock:
+            state, read_at, error = self._state, self._read_at, self._error
+        age = float("inf") if read_at is None else self.clock.monotonic() - read_at
+        return StateView(state, age, age > self.staleness_s, error, read_at is not None)
+
+    def refresh(self) -> bool:
+        """Read the state once; True on success. Never raises for store failures."""
+        try:
+            state = self.store.get()
+        except RolloutError as exc:
+            self._failed(exc)
+            return False
+        with self._lock:
+            if self._error:
+                log.warning("rollout state readable again (revision %d)", state.revision)
+            self._state, self._read_at, self._error = state, self.clock.monotonic(), None
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            first = self._error is None
+            self._error = str(exc)
+        if first:
+            log.warning("cannot refresh rollout state, serving on the cached copy: %s", exc)
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="rollout-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        subscription: Subscription | None = None
+        while not self._stop.is_set():
+            try:
+                if subscription is None:
+                    subscription = self.store.subscribe()
+                    self.refresh()  # catch up on what happened while unsubscribed
+                subscription.wait(self.poll_s)
+            except RolloutError as exc:
+                self._failed(exc)
+                if subscription is not None:
+                    subscription.close()
+                    subscription = None
+                self._stop.wait(min(self.poll_s, 0.5))
+            self.refresh()
+        if subscription is not None:
+            subscription.close()
