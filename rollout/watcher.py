@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rollout.clock import Clock, SystemClock
@@ -41,13 +42,18 @@ class StateWatcher:
         poll_s: float,
         staleness_s: float,
         clock: Clock | None = None,
+        on_connect: Callable[[], object] | None = None,
     ):
+        """`on_connect` runs in the watcher thread each time it (re)subscribes, before it
+        re-reads the state: the gateway registers its model versions there, so a Redis restarted
+        empty learns them again. A RolloutError from it counts as a failed connection."""
         if staleness_s <= poll_s:
             raise ValueError("staleness_s must be longer than poll_s")
         self.store = store
         self.poll_s = poll_s
         self.staleness_s = staleness_s
         self.clock = clock or SystemClock()
+        self.on_connect = on_connect
         self._state = RolloutState()
         self._read_at: float | None = None
         self._error: str | None = None
@@ -97,6 +103,8 @@ class StateWatcher:
             try:
                 if subscription is None:
                     subscription = self.store.subscribe()
+                    if self.on_connect is not None:
+                        self.on_connect()
                     self.refresh()  # catch up on what happened while unsubscribed
                 subscription.wait(self.poll_s)
             except RolloutError as exc:

@@ -1,0 +1,48 @@
+"""`app`: the application that `serve run serve.config:app` starts.
+
+`app` is a Serve application builder: Serve calls it with the `key=value` arguments given on the
+command line (none are needed), which override the environment's settings, e.g.
+`serve run serve.config:app max_batch_size=32`. Reading settings here, not at import, keeps the
+environment out of import time.
+"""
+
+from __future__ import annotations
+
+from ray.serve import Application
+
+from rollout.settings import Settings
+from serve.gateway import Gateway
+from serve.model import ModelServer
+
+
+def build(settings: Settings, live: dict[str, dict] | None = None) -> Application:
+    """The gateway bound to one model deployment per arm, sized from the settings.
+
+    `live` adds per-arm `user_config` entries (see `ModelServer.reconfigure`), e.g.
+    `{"optimized": {"fault_error": True}}` for a fault drill.
+    """
+    live = live or {}
+    model = ModelServer.options(
+        ray_actor_options={"num_cpus": settings.model_num_cpus, "num_gpus": settings.model_num_gpus},
+        max_ongoing_requests=settings.model_max_ongoing_requests,
+    )
+    arms = {
+        arm: model.options(
+            name=arm,
+            user_config={
+                "max_batch_size": settings.max_batch_size,
+                "batch_wait_ms": settings.batch_wait_ms,
+                **live.get(arm, {}),
+            },
+        ).bind(settings, arm)
+        for arm in ("baseline", "optimized")
+    }
+    baseline, optimized = arms["baseline"], arms["optimized"]
+    return Gateway.options(
+        ray_actor_options={"num_cpus": settings.gateway_num_cpus},
+        max_ongoing_requests=settings.gateway_max_ongoing_requests,
+    ).bind(baseline, optimized, settings)
+
+
+def app(args: dict[str, str]) -> Application:
+    return build(Settings(**args))

@@ -1,0 +1,72 @@
+"""The gateway's domain errors, and the one place they become HTTP responses.
+
+    GatewayError
+    ├── InvalidInput      422  malformed JSON, wrong types, empty inputs, unknown task
+    ├── InputTooLarge     413  more items, characters or bytes than the configured limits
+    ├── Overloaded        503  a model's queue is full (with Retry-After)
+    ├── ModelTimeout      504  the model call passed its deadline (and was cancelled)
+    └── ModelFailed       503  the model raised or its replica died (with Retry-After)
+
+The handlers only translate; nothing below the gateway's edge knows about status codes.
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "internal_error"
+    retry_after: int | None = None
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(GatewayError):
+    status, type = 422, "invalid_input"
+
+
+class InputTooLarge(GatewayError):
+    status, type = 413, "input_too_large"
+
+
+class Overloaded(GatewayError):
+    status, type, retry_after = 503, "overloaded", 1
+
+
+class ModelTimeout(GatewayError):
+    status, type = 504, "timeout"
+
+
+class ModelFailed(GatewayError):
+    status, type, retry_after = 503, "model_unavailable", 1
+
+
+def id_headers(request_id: str, incoming: str | None) -> dict[str, str]:
+    """`X-Request-ID` for a response. Ray Serve's proxy already echoes the incoming id, so the
+    gateway adds its own only when it replaced a malformed one."""
+    return {} if request_id == incoming else {"X-Request-ID": request_id}
+
+
+def error_response(
+    status: int,
+    type_: str,
+    message: str,
+    request_id: str,
+    retry_after: int | None = None,
+    incoming_id: str | None = None,
+) -> JSONResponse:
+    headers = id_headers(request_id, incoming_id)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    body = {"error": {"type": type_, "message": message, "request_id": request_id}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def to_response(exc: GatewayError, request_id: str, incoming_id: str | None = None) -> JSONResponse:
+    return error_response(
+        exc.status, exc.type, exc.message, request_id, exc.retry_after, incoming_id
+    )

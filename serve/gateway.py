@@ -1,0 +1,230 @@
+"""The ingress deployment: validate, route, call the arm with a deadline, fall back, answer.
+
+One request: parse and validate the body (422/413) -> decide the arm from the cached rollout
+state (never a Redis call on this path) -> call that arm's model deployment with the request's
+deadline -> if the *optimized* arm fails or times out, retry once on baseline within what is left
+of the deadline (`fallback: true`); a baseline failure is never retried onto the canary ->
+respond with `X-Request-ID`, `X-Canary-Arm` (the arm that answered) and `Server-Timing`.
+"""
+
+import asyncio
+import logging
+import socket
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rollout import Arm, Rollout, Settings, StateWatcher, decide, format_bp, open_store
+from serve.errors import (
+    GatewayError,
+    InputTooLarge,
+    InvalidInput,
+    ModelFailed,
+    ModelTimeout,
+    Overloaded,
+    error_response,
+    id_headers,
+    to_response,
+)
+from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
+
+log = logging.getLogger("canary.gateway")
+
+api = FastAPI(title="Canary gateway", version="0.1.0")
+
+
+def _ids(request: Request) -> tuple[str, str | None]:
+    incoming = request.headers.get("x-request-id")
+    return request_id_from(incoming), incoming
+
+
+@api.exception_handler(GatewayError)
+async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+    rid, incoming = _ids(request)
+    return to_response(exc, rid, incoming)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    rid, incoming = _ids(request)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, kind, str(exc.detail), rid, incoming_id=incoming)
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    rid, incoming = _ids(request)
+    log.exception("unhandled error in request %s", rid)
+    return error_response(500, "internal_error", "internal error", rid, incoming_id=incoming)
+
+
+def server_timing(stages: dict[str, float]) -> str:
+    return ", ".join(f"{name};dur={ms:.3f}" for name, ms in stages.items())
+
+
+@serve.deployment(name="gateway")
+@serve.ingress(api)
+class Gateway:
+    async def __init__(
+        self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings
+    ):
+        self.settings = settings
+        self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+        infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
+        self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
+        self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
+        self.identity = f"gateway@{socket.gethostname()}"
+        self.store = open_store(settings)
+        self.rollout = Rollout(self.store)
+        self.watcher = StateWatcher(
+            self.store,
+            poll_s=settings.state_poll_s,
+            staleness_s=settings.state_staleness_s,
+            on_connect=self._register_versions,
+        )
+        self.watcher.start()
+
+    def _register_versions(self) -> None:
+        self.rollout.register_versions(
+            self.models[Arm.BASELINE]["version"],
+            self.models[Arm.OPTIMIZED]["version"],
+            actor=self.identity,
+        )
+
+    def __del__(self):
+        watcher = getattr(self, "watcher", None)
+        if watcher is not None:
+            watcher.stop(timeout=1)
+
+    @api.post("/v1/predict")
+    async def predict(self, request: Request) -> JSONResponse:
+        start = time.perf_counter()
+        rid, incoming = _ids(request)
+        try:
+            body = await self._read_body(request)
+            parsed = parse_predict(body, self.settings)
+            task = parsed.task or self.settings.default_task
+            if task not in self.tasks:
+                raise InvalidInput(f"task {task!r} is not supported by this model")
+            key = (request.headers.get("x-routing-key") or rid)[:MAX_ROUTING_KEY]
+            view = self.watcher.view()
+            decision = decide(view.state, key, stale=view.stale, salt=self.settings.routing_salt)
+            deadline = start + self.settings.request_timeout_s
+            result, fallback = await self._call_with_fallback(
+                decision.arm, parsed.inputs, task, deadline, rid
+            )
+        except GatewayError as exc:
+            return to_response(exc, rid, incoming)
+        total_ms = (time.perf_counter() - start) * 1000
+        timing = dict(result["timing"])
+        timing["gateway"] = max(total_ms - sum(timing.values()), 0.0)
+        timing["total"] = total_ms
+        headers = {
+            **id_headers(rid, incoming),
+            "X-Canary-Arm": result["arm"],
+            "Server-Timing": server_timing(timing)
+            + f', batch;desc="requests={result["batch"]["requests"]} items={result["batch"]["items"]}"',
+        }
+        body = {
+            "request_id": rid,
+            "arm": result["arm"],
+            "model_version": result["model_version"],
+            "task": task,
+            "outputs": result["outputs"],
+            "fallback": fallback,
+        }
+        return JSONResponse(body, headers=headers)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = max_body_bytes(self.settings)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise InputTooLarge(f"request body of {declared} bytes is over the limit")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InputTooLarge("request body is over the limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _call_with_fallback(
+        self, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
+    ) -> tuple[dict, bool]:
+        try:
+            return await self._call(arm, texts, task, deadline), False
+        except (ModelFailed, ModelTimeout, Overloaded) as exc:
+            if arm is not Arm.OPTIMIZED:
+                raise
+            log.warning("request %s: optimized arm failed (%s), retrying on baseline", rid, exc.type)
+        return await self._call(Arm.BASELINE, texts, task, deadline), True
+
+    async def _call(self, arm: Arm, texts: list[str], task: str, deadline: float) -> dict:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            raise ModelTimeout(f"no time left for the {arm.value} model within the deadline")
+        response = self.handles[arm].predict.remote(texts, task)
+        try:
+            return await asyncio.wait_for(response, timeout=remaining)
+        except asyncio.TimeoutError:
+            response.cancel()
+            raise ModelTimeout(
+                f"the {arm.value} model did not answer within {self.settings.request_timeout_s:g} s"
+            ) from None
+        except BackPressureError:
+            raise Overloaded(f"the {arm.value} model's queue is full; retry later") from None
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except Exception as exc:  # a replica error or death: the arm failed, not the client
+            log.warning("%s model call failed: %s", arm.value, type(exc).__name__)
+            raise ModelFailed(f"the {arm.value} model failed: {type(exc).__name__}") from None
+
+    @api.get("/v1/rollout")
+    async def rollout_state(self) -> dict:
+        view = self.watcher.view()
+        state = view.state
+        return {
+            "state": state.model_dump(),
+            "canary_percent": state.canary_percent,
+            "effective_percent": 0.0 if view.stale else state.effective_bp / 100,
+            "routing": "fail-safe: all baseline (state stale)" if view.stale else (
+                "kill switch on: all baseline" if state.kill
+                else f"{format_bp(state.canary_bp)} to optimized"
+            ),
+            "stale": view.stale,
+            "state_age_s": None if view.age_s == float("inf") else round(view.age_s, 3),
+            "store_error": view.error,
+            "serving": {arm.value: info["version"] for arm, info in self.models.items()},
+        }
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict:
+        return {"status": "ok"}
+
+    @api.get("/readyz")
+    async def readyz(self) -> JSONResponse:
+        view = self.watcher.view()
+        checks = await asyncio.gather(
+            *(self._ping(arm) for arm in self.handles), return_exceptions=False
+        )
+        models = dict(zip((arm.value for arm in self.handles), checks))
+        ready = models[Arm.BASELINE.value]
+        body = {
+            "ready": ready,
+            "models": models,
+            "state": "stale (routing all to baseline)" if view.stale else "fresh",
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def _ping(self, arm: Arm) -> bool:
+        try:
+            await asyncio.wait_for(self.handles[arm].info.remote(), timeout=2.0)
+            return True
+        except Exception:
+            return False

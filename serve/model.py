@@ -1,0 +1,124 @@
+"""The model deployment: one arm's variant behind dynamic batching, with per-stage timing.
+
+Path of one request inside a replica: tokenize on the replica's event loop (fast, Rust) ->
+queue into `@serve.batch`, which merges up to `max_batch_size` requests or waits at most
+`batch_wait_ms` -> one forward of the merged, padded batch in a worker thread (so tokenizing the
+next requests overlaps the forward) -> postprocess back on the event loop. Every response says
+how long each stage took and how large its batch was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from ray import serve
+
+from rollout.settings import Settings
+from serve.variants import Encoded, Variant
+
+
+@dataclass
+class _Queued:
+    encoded: Encoded
+    enqueued: float
+
+
+@dataclass
+class _Forwarded:
+    rows: torch.Tensor
+    queue_ms: float
+    model_ms: float
+    batch_requests: int
+    batch_items: int
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+@serve.deployment(name="model", health_check_period_s=10, health_check_timeout_s=30)
+class ModelServer:
+    def __init__(self, settings: Settings, arm: str):
+        torch.set_num_threads(settings.threads_per_model())
+        self.arm = arm
+        self.variant = Variant(settings, arm)
+        self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
+        self.fault_delay_s, self.fault_error = 0.0, False
+        self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
+        self.reconfigure({})
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Live settings (Serve `user_config`, applied without a restart).
+
+        `max_batch_size`, `batch_wait_ms`: the batching limits. `fault_delay_ms`,
+        `fault_error`: fault injection for drills and tests (every forward is delayed, or fails);
+        both off unless set.
+        """
+        size = int(user_config.get("max_batch_size", self.max_batch_size))
+        wait_ms = float(user_config.get("batch_wait_ms", self.batch_wait_ms))
+        if size < 1 or not 0 <= wait_ms <= 1000:
+            raise ValueError("max_batch_size must be >= 1 and batch_wait_ms within 0..1000")
+        self._batched.set_max_batch_size(size)
+        self._batched.set_batch_wait_timeout_s(wait_ms / 1000)
+        self.max_batch_size, self.batch_wait_ms = size, wait_ms
+        self.fault_delay_s = float(user_config.get("fault_delay_ms", 0)) / 1000
+        self.fault_error = bool(user_config.get("fault_error", False))
+
+    def info(self) -> dict:
+        return {
+            "arm": self.arm,
+            "version": self.variant.version,
+            "recipe": self.variant.recipe,
+            "device": self.variant.device,
+            "labels": list(self.variant.labels),
+            "tasks": ["classify"] if self.variant.has_head else ["classify", "embed"],
+            "max_batch_size": self.max_batch_size,
+            "batch_wait_ms": self.batch_wait_ms,
+        }
+
+    async def predict(self, texts: list[str], task: str) -> dict:
+        start = time.perf_counter()
+        encoded = self.variant.encode(texts)
+        queued = time.perf_counter()
+        forwarded: _Forwarded = await self._batched(_Queued(encoded, queued))
+        post_start = time.perf_counter()
+        outputs = self.variant.postprocess(task, forwarded.rows)
+        done = time.perf_counter()
+        return {
+            "arm": self.arm,
+            "model_version": self.variant.version,
+            "outputs": outputs,
+            "tokens": encoded.tokens,
+            "batch": {"requests": forwarded.batch_requests, "items": forwarded.batch_items},
+            "timing": {
+                "preprocess": _ms(queued - start),
+                "queue": forwarded.queue_ms,
+                "model": forwarded.model_ms,
+                "postprocess": _ms(done - post_start),
+            },
+        }
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def _batched(self, queued: list[_Queued]) -> list[_Forwarded]:
+        started = time.perf_counter()
+        if self.fault_delay_s:
+            await asyncio.sleep(self.fault_delay_s)
+        if self.fault_error:
+            raise RuntimeError(f"injected fault in the {self.arm} model")
+        batch = [item.encoded for item in queued]
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(self._forward_pool, self.variant.embed_batch, batch)
+        model_ms = _ms(time.perf_counter() - started)
+        items = sum(len(item.ids) for item in batch)
+        return [
+            _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items)
+            for r, item in zip(rows, queued)
+        ]
+
+    def check_health(self) -> None:
+        if self.variant.model is None:
+            raise RuntimeError("model not loaded")

@@ -1,0 +1,228 @@
+"""The gateway end to end: real Ray Serve, real Redis, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rollout import decide
+
+pytestmark = pytest.mark.integration
+
+
+def _arms(gw, keys, workers=16):
+    def one(key):
+        response = gw.predict(["route me"], **{"X-Routing-Key": key})
+        assert response.status_code == 200, response.text
+        return key, response.json()["arm"]
+
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(pool.map(one, keys))
+
+
+def test_predict_answers_with_contract_fields_and_headers(gw):
+    response = gw.predict(["The new GPU doubles inference speed", "A draw"], **{"X-Request-ID": "req-42"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["request_id"] == "req-42"
+    assert body["arm"] == "baseline" and body["fallback"] is False
+    assert body["model_version"].startswith("fp32-")
+    assert len(body["outputs"]) == 2
+    for output in body["outputs"]:
+        assert output["label"] in gw.settings.labels
+        assert set(output["scores"]) == set(gw.settings.labels)
+    assert response.headers["x-request-id"] == "req-42"
+    assert response.headers["x-canary-arm"] == "baseline"
+    timing = response.headers["server-timing"]
+    for stage in ("preprocess", "queue", "model", "postprocess", "gateway", "total"):
+        assert f"{stage};dur=" in timing
+    assert 'batch;desc="requests=' in timing
+
+
+def test_embed_returns_unit_vectors(gw):
+    response = gw.client.post("/v1/predict", json={"inputs": ["a", "b c"], "task": "embed"})
+    assert response.status_code == 200
+    vectors = [out["embedding"] for out in response.json()["outputs"]]
+    assert len(vectors) == 2 and len(vectors[0]) == 32
+    assert abs(sum(v * v for v in vectors[0]) - 1.0) < 1e-3
+
+
+def test_share_zero_sends_everything_to_baseline(gw):
+    arms = _arms(gw, [f"zero-{i}" for i in range(200)])
+    assert set(arms.values()) == {"baseline"}
+
+
+def test_share_hundred_sends_everything_to_optimized(gw):
+    gw.set_state(canary_bp=10_000)
+    response = gw.predict(["x"])
+    assert response.json()["model_version"].startswith("int8-dynamic-")
+    arms = _arms(gw, [f"all-{i}" for i in range(200)])
+    assert set(arms.values()) == {"optimized"}
+
+
+def test_quarter_share_over_2000_distinct_keys(gw):
+    state = gw.set_state(canary_bp=2_500)
+    keys = [f"user-{i}" for i in range(2_000)]
+    arms = _arms(gw, keys, workers=32)
+    share = sum(arm == "optimized" for arm in arms.values()) / len(keys)
+    assert 0.22 <= share <= 0.28, share
+    # and each key went exactly where the policy says it should
+    for key, arm in arms.items():
+        assert decide(state, key, salt=gw.settings.routing_salt).arm.value == arm
+
+
+def test_sticky_and_monotone_widening(gw):
+    keys = [f"sticky-{i}" for i in range(300)]
+    gw.set_state(canary_bp=1_000)
+    first = _arms(gw, keys)
+    assert _arms(gw, keys) == first  # same share, same arms
+    gw.set_state(canary_bp=3_000)
+    wider = _arms(gw, keys)
+    canaries_before = {k for k, arm in first.items() if arm == "optimized"}
+    canaries_after = {k for k, arm in wider.items() if arm == "optimized"}
+    assert canaries_before and canaries_before < canaries_after
+
+
+def test_kill_switch_beats_share_and_unkill_restores(gw):
+    gw.set_state(canary_bp=10_000, kill=True)
+    assert set(_arms(gw, [f"k-{i}" for i in range(100)]).values()) == {"baseline"}
+    served = gw.served_state()
+    assert served["state"]["kill"] is True and served["effective_percent"] == 0
+    gw.set_state(canary_bp=10_000, kill=False)
+    assert set(_arms(gw, [f"k-{i}" for i in range(100)]).values()) == {"optimized"}
+
+
+def test_redis_outage_fails_safe_to_baseline_and_recovers(gw):
+    gw.set_state(canary_bp=10_000)
+    gw.redis.stop()
+    try:
+        # Serving goes on throughout; once the cached state is stale everything is baseline.
+        deadline = time.monotonic() + 15
+        while not gw.served_state()["stale"]:
+            assert gw.predict(["during outage"]).status_code == 200
+            assert time.monotonic() < deadline, "gateway never noticed the outage"
+            time.sleep(0.1)
+        served = gw.served_state()
+        assert served["store_error"] and "cannot reach Redis" in served["store_error"]
+        assert served["effective_percent"] == 0
+        assert set(_arms(gw, [f"out-{i}" for i in range(50)]).values()) == {"baseline"}
+    finally:
+        gw.redis.start()  # same port, empty database
+    deadline = time.monotonic() + 15
+    while gw.served_state()["stale"]:
+        assert time.monotonic() < deadline, "gateway never recovered"
+        time.sleep(0.1)
+    served = gw.served_state()
+    assert served["store_error"] is None
+    gw.set_state(canary_bp=10_000)
+    assert set(_arms(gw, [f"back-{i}" for i in range(50)]).values()) == {"optimized"}
+
+
+def test_failed_canary_falls_back_to_baseline(gw):
+    gw.redeploy({"optimized": {"fault_error": True}})
+    gw.set_state(canary_bp=10_000)
+    response = gw.predict(["will fall back"])
+    assert response.status_code == 200
+    body = response.json()
+    assert body["fallback"] is True and body["arm"] == "baseline"
+    assert response.headers["x-canary-arm"] == "baseline"
+
+
+def test_failed_baseline_is_not_retried_on_canary(gw):
+    gw.redeploy({"baseline": {"fault_error": True}})
+    response = gw.predict(["baseline is broken"])
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    error = response.json()["error"]
+    assert error["type"] == "model_unavailable" and "baseline" in error["message"]
+
+
+def test_model_timeout_is_504(gw):
+    gw.redeploy({"baseline": {"fault_delay_ms": 8_000}})
+    started = time.monotonic()
+    response = gw.predict(["too slow"])
+    assert response.status_code == 504
+    assert response.json()["error"]["type"] == "timeout"
+    assert time.monotonic() - started < gw.settings.request_timeout_s + 2
+
+
+def test_batching_limits_change_live(gw):
+    gw.redeploy({"baseline": {"max_batch_size": 1}})
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda i: gw.predict([f"t{i}"]), range(16)))
+    assert all(r.status_code == 200 for r in responses)
+    assert all('requests=1 ' in r.headers["server-timing"] for r in responses)
+
+
+BAD_422 = [
+    b'{"inputs": [',
+    b"[]",
+    b'"just a string"',
+    b"{}",
+    b'{"inputs": []}',
+    b'{"inputs": [""]}',
+    b'{"inputs": ["ok", "   "]}',
+    b'{"inputs": [1, 2]}',
+    b'{"inputs": "not a list"}',
+    b'{"inputs": [["nested"]]}',
+    b'{"inputs": [null]}',
+    b'{"inputs": ["a"], "task": "translate"}',
+    b'{"inputs": ["a"], "extra": true}',
+    b"\xff\xfe not utf-8",
+    b"",
+]
+
+
+@pytest.mark.parametrize("body", BAD_422)
+def test_bad_input_is_422_with_json_error(gw, body):
+    response = gw.client.post(
+        "/v1/predict", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_input" and error["message"] and error["request_id"]
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        ["x"] * 9,  # more items than max_items=8
+        ["y" * 201],  # one item over max_item_chars=200
+        ["z" * 199] * 5,  # total over max_total_chars=800
+    ],
+    ids=["items", "item-chars", "total-chars"],
+)
+def test_over_limits_is_413(gw, inputs):
+    response = gw.predict(inputs)
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "input_too_large"
+
+
+def test_huge_body_is_413_without_parsing(gw):
+    body = json.dumps({"inputs": ["w" * 1_000_000]}).encode()
+    response = gw.client.post("/v1/predict", content=body)
+    assert response.status_code == 413
+
+
+def test_malformed_request_id_is_replaced_not_echoed(gw):
+    response = gw.predict(["x"], **{"X-Request-ID": "bad id <script>"})
+    assert response.status_code == 200
+    rid = response.json()["request_id"]
+    assert rid != "bad id <script>" and rid.isalnum()
+    assert rid in response.headers.get_list("x-request-id")
+
+
+def test_service_endpoints(gw):
+    assert gw.client.get("/healthz").json() == {"status": "ok"}
+    ready = gw.client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["models"] == {"baseline": True, "optimized": True}
+    served = gw.served_state()
+    assert served["serving"]["baseline"] == served["state"]["baseline_version"]
+    assert served["serving"]["optimized"] == served["state"]["optimized_version"]
+    missing = gw.client.get("/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
+    wrong = gw.client.get("/v1/predict")
+    assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "method_not_allowed"

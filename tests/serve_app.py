@@ -1,0 +1,98 @@
+"""A real, small Ray Serve application for integration tests: local Ray, the tiny encoder on
+both arms, its own Redis server, HTTP on a free loopback port."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from rollout import Rollout, RolloutState, Settings, open_store
+from tests.servers import RedisServer, free_port
+from tests.tiny_model import make_tiny_encoder
+
+APP = "canary-itest"
+
+
+@dataclass
+class GatewayApp:
+    settings: Settings
+    redis: RedisServer
+    url: str
+    client: httpx.Client
+    live: dict = field(default_factory=dict)
+
+    def rollout(self) -> Rollout:
+        return Rollout(open_store(self.settings))
+
+    def served_state(self) -> dict:
+        return self.client.get("/v1/rollout").json()
+
+    def wait_for_revision(self, revision: int, timeout: float = 10.0) -> dict:
+        """Until the gateway's cached state has reached `revision` (bounded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            served = self.served_state()
+            if served["state"]["revision"] >= revision and not served["stale"]:
+                return served
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gateway never reached revision {revision}: {served}")
+            time.sleep(0.05)
+
+    def set_state(self, *, canary_bp: int, kill: bool = False) -> RolloutState:
+        """Write the share and kill switch through the audited path and wait until served."""
+        control = self.rollout()
+        _, state = control.set_canary(canary_bp, actor="test", reason="test setup")
+        state = (control.kill if kill else control.unkill)(actor="test", reason="test setup")[1]
+        control.store.close()
+        self.wait_for_revision(state.revision)
+        return state
+
+    def redeploy(self, live: dict[str, dict]) -> None:
+        """Apply new per-arm live settings (faults, batching) without restarting replicas."""
+        from ray import serve
+
+        from serve.config import build
+
+        self.live = live
+        serve.run(build(self.settings, live), name="canary", route_prefix="/")
+
+    def predict(self, inputs, **headers) -> httpx.Response:
+        return self.client.post("/v1/predict", json={"inputs": inputs}, headers=headers)
+
+
+def start_gateway(tmp: Path, **overrides) -> GatewayApp:
+    import ray
+    from ray import serve
+
+    from serve.config import build
+
+    redis = RedisServer().start()
+    model = make_tiny_encoder(tmp / "tiny-encoder")
+    port = free_port()
+    settings = Settings(
+        redis_url=redis.url, app_name=APP, model_path=str(model), state_poll_s=0.2,
+        state_staleness_s=1.5, request_timeout_s=5.0, max_items=8, max_item_chars=200,
+        max_total_chars=800, gateway_num_cpus=0.1, model_num_cpus=0.1, max_batch_size=8,
+        batch_wait_ms=2.0, torch_threads=1, http_port=port, **overrides,
+    )
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build(settings), name="canary", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=url, timeout=30.0)
+    return GatewayApp(settings, redis, url, client)
+
+
+def stop_gateway(app: GatewayApp) -> None:
+    import ray
+    from ray import serve
+
+    app.client.close()
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        app.redis.cleanup()
