@@ -1,0 +1,186 @@
+"""Command-line parsing for `rollout`: the commands, their help text, and the settings.
+
+Everything the operator types is checked here, before any store is opened: a bad share, an
+empty reason or a bad setting is a usage error (exit 2) that never reaches Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import socket
+
+from pydantic import ValidationError
+
+from rollout import InvalidChange, Settings, parse_percent
+
+PROG = "rollout"
+
+
+class UsageError(Exception):
+    """Bad command line, input or settings: exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump; main() maps it to exit 2
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _percent(text: str) -> int:
+    try:
+        return parse_percent(text.strip().removesuffix("%"))
+    except InvalidChange as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _text(what: str):
+    def check(text: str) -> str:
+        text = text.strip()
+        if not text:
+            raise argparse.ArgumentTypeError(f"the {what} must not be empty")
+        if not text.isprintable():
+            raise argparse.ArgumentTypeError(f"the {what} must be one line of printable text")
+        return text
+
+    return check
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+_MAIN_EPILOG = """\
+examples:
+  rollout status
+  rollout canary 5 --reason "first 5%"
+  rollout kill --reason "p99 regression"
+  rollout audit --last 20
+  rollout --app search --redis-url redis://redis.internal:6379/0 status --json
+
+Changes need --reason. Moving the share by 50 points or more, or to 100%, asks for confirmation
+(pass --yes when not at a terminal). Exit codes: 0 done, 1 store unavailable, conflict or
+aborted, 2 invalid usage or input, 130 interrupted.
+
+environment: REDIS_URL, CANARY_APP_NAME, ROLLOUT_ACTOR (see also `--redis-url`, `--app`, `--actor`)
+"""
+
+_COMMANDS = {
+    "status": (
+        "show the canary share, kill switch and versions",
+        "Show what every gateway routes by: the canary share, the kill switch, the share that\n"
+        "actually reaches the optimized model, the model versions and the last change.",
+        "examples:\n  rollout status\n  rollout status --json | jq .effective_percent",
+    ),
+    "canary": (
+        "move the canary share (audited)",
+        "Set the share of traffic sent to the optimized model. Raising it only adds routing\n"
+        "keys to the canary. A move of 50 points or more, or to 100%, asks for confirmation.\n"
+        "While the kill switch is on the new share is stored but traffic stays on baseline.",
+        "examples:\n  rollout canary 5 --reason \"first 5%\"\n"
+        "  rollout canary 0.25 --reason \"smoke test\"\n"
+        "  rollout canary 100 --reason \"promote v2\" --yes",
+    ),
+    "kill": (
+        "send all traffic to baseline now (audited)",
+        "Turn the kill switch on: every gateway routes everything to baseline within\n"
+        "milliseconds. The canary share is kept, for `rollout unkill`. Never asks.",
+        "examples:\n  rollout kill --reason \"p99 regression\"",
+    ),
+    "unkill": (
+        "turn the kill switch off (audited)",
+        "Turn the kill switch off: the stored canary share reaches the optimized model again.\n"
+        "Asks for confirmation when that share is 50% or more.",
+        "examples:\n  rollout unkill --reason \"fixed in v2.1\"",
+    ),
+    "audit": (
+        "list recorded changes",
+        "List the audit log, oldest first: who changed what, when, why, and the revision.",
+        "examples:\n  rollout audit --last 20\n  rollout audit --json",
+    ),
+    "revert": (
+        "restore the share and kill switch of an earlier revision (audited)",
+        "Restore the canary share and kill switch recorded at REVISION (see `rollout audit`),\n"
+        "as a new audited revision. Model versions are kept. Asks for confirmation like\n"
+        "`rollout canary` when the share moves by 50 points or more, or to 100%.",
+        "examples:\n  rollout revert 7 --reason \"back to the last good share\"",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    common = _Parser(add_help=False)
+    group = common.add_argument_group("global options")
+    group.add_argument("--app", metavar="NAME", default=argparse.SUPPRESS,
+                       help="application whose rollout to use "
+                            "(default: CANARY_APP_NAME, else 'default')")
+    group.add_argument("--redis-url", metavar="URL", default=argparse.SUPPRESS,
+                       help="Redis holding the rollout state (default: REDIS_URL)")
+    group.add_argument("--actor", metavar="NAME", type=_text("actor"), default=argparse.SUPPRESS,
+                       help="who makes the change, for the audit log "
+                            "(default: ROLLOUT_ACTOR, else user@host)")
+
+    parser = _Parser(prog=PROG, parents=[common], formatter_class=fmt, epilog=_MAIN_EPILOG,
+                     description="Look at and change the canary rollout of the model gateway.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = {}
+    for name, (short, description, epilog) in _COMMANDS.items():
+        sub[name] = commands.add_parser(name, help=short, description=description, epilog=epilog,
+                                        parents=[common], formatter_class=fmt)
+    sub["canary"].add_argument("percent", metavar="PCT", type=_percent,
+                               help="new share in percent, 0-100, at most two decimals")
+    sub["revert"].add_argument("revision", metavar="REVISION", type=_positive,
+                               help="the revision whose share and kill switch to restore")
+    for name in ("canary", "kill", "unkill", "revert"):
+        sub[name].add_argument("--reason", required=True, type=_text("reason"),
+                               help="why, for the audit log (required)")
+    for name in ("canary", "unkill", "revert"):
+        sub[name].add_argument("-y", "--yes", action="store_true",
+                               help="do not ask for confirmation of a big move")
+    for name in ("status", "audit"):
+        sub[name].add_argument("--json", action="store_true", help="print JSON")
+    sub["audit"].add_argument("--last", metavar="N", type=_positive,
+                              help="only the newest N entries")
+    return parser
+
+
+def default_actor() -> str:
+    actor = os.environ.get("ROLLOUT_ACTOR", "").strip()
+    if actor:
+        return actor
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def settings_from(args) -> Settings:
+    overrides = {}
+    if getattr(args, "app", None) is not None:
+        overrides["app_name"] = args.app
+    if getattr(args, "redis_url", None) is not None:
+        overrides["redis_url"] = args.redis_url
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise UsageError("; ".join(_setting_problem(e) for e in exc.errors())) from None
+
+
+def _setting_problem(error: dict) -> str:
+    """Which setting is bad and why, never its value (a Redis URL may carry a password)."""
+    msg = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:
+        return f"invalid settings: {msg}"
+    field = str(error["loc"][0]).lower()
+    name = {"redis_url": "REDIS_URL (--redis-url)", "app_name": "CANARY_APP_NAME (--app)"}.get(
+        field, f"CANARY_{field.upper()}"
+    )
+    return f"invalid setting {name}: {msg}"

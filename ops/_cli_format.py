@@ -1,0 +1,78 @@
+"""Plain-text formatting for the `rollout` CLI: times, ages, tables, change descriptions.
+
+Text that came from the store (actors, reasons) is shown with control characters escaped, so
+a stored value cannot break a table line or send escape sequences to the operator's terminal.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from rollout import RolloutState, format_bp
+
+
+def one_line(text: object) -> str:
+    """`text` on one printable line: line breaks become ' | ', other controls are escaped."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    joined = " | ".join(lines)
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in joined)
+
+
+def when(ts: float) -> str:
+    """An epoch timestamp as ISO 8601 UTC to the second: 2023-11-14T22:13:20Z."""
+    stamp = datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def age(seconds: float) -> str:
+    """A duration in its two largest units: 45s, 3m 20s, 2h 5m, 3d 4h."""
+    left = max(0, int(seconds))
+    parts = []
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return " ".join(parts[:2])
+
+
+def on_off(kill: bool) -> str:
+    return "on" if kill else "off"
+
+
+def describe_change(before: RolloutState, after: RolloutState) -> str:
+    """'canary 60% -> 5%, kill switch on -> off'; empty when neither moved."""
+    parts = []
+    if before.canary_bp != after.canary_bp:
+        parts.append(f"canary {format_bp(before.canary_bp)} -> {format_bp(after.canary_bp)}")
+    if before.kill != after.kill:
+        parts.append(f"kill switch {on_off(before.kill)} -> {on_off(after.kill)}")
+    return ", ".join(parts)
+
+
+def status_rows(state: RolloutState, now: float) -> list[tuple[str, str]]:
+    """The human `rollout status` table as (label, value) rows."""
+    effective = format_bp(state.effective_bp) + " of traffic to optimized"
+    rows = [
+        ("canary share", format_bp(state.canary_bp)),
+        ("kill switch", "ON: all traffic to baseline" if state.kill else "off"),
+        ("effective share", effective + (" (kill switch on)" if state.kill else "")),
+        ("baseline", one_line(state.baseline_version) or "(not registered)"),
+        ("optimized", one_line(state.optimized_version) or "(not registered)"),
+        ("revision", str(state.revision)),
+    ]
+    if not state.revision:
+        return rows + [("last change", "never")]
+    return rows + [
+        ("last change", f"{when(state.updated_at)} ({age(now - state.updated_at)} ago)"),
+        ("changed by", one_line(state.updated_by)),
+        ("reason", one_line(state.reason)),
+    ]
+
+
+def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns separated by two spaces; the last column is not padded."""
+    cells = [list(headers)] + [[one_line(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers) - 1)]
+    padded = ([cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)] + [row[-1]]
+              for row in cells)
+    return ["  ".join(row).rstrip() for row in padded]

@@ -1,0 +1,305 @@
+"""The `rollout` command: look at and change the canary rollout, safely and on the record.
+
+    rollout status [--json]                    what the gateways route by
+    rollout canary PCT --reason TEXT [--yes]   move the canary share
+    rollout kill --reason TEXT                 send everything to baseline, now
+    rollout unkill --reason TEXT [--yes]       hand the canary its share back
+    rollout audit [--last N] [--json]          who changed what, when and why
+    rollout revert REVISION --reason TEXT [--yes]
+
+Safe by default: every change names a reason and an actor and lands in the audit log; a change
+that moves the canary share, or the share actually routed to the canary, by 50 points or more,
+or to 100 %, asks for confirmation (or `--yes`); every change is a compare-and-set on the
+revision the operator saw, so a concurrent change is reported, never overwritten. The kill
+switch is the exception: it never asks and always wins.
+
+The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once.
+Exit codes: 0 done, 1 store unavailable, conflict or aborted, 2 invalid usage or input, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import IO
+
+from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
+from ops._cli_format import describe_change, one_line, status_rows, table, when
+from rollout import (
+    BUCKETS,
+    Clock,
+    InvalidChange,
+    RevisionConflict,
+    RevisionNotFound,
+    Rollout,
+    RolloutError,
+    RolloutState,
+    Settings,
+    StateStore,
+    StoreUnavailable,
+    SystemClock,
+    format_bp,
+    open_store,
+)
+
+BIG_MOVE_BP = BUCKETS // 2  # a move of 50 points or more needs confirmation
+
+
+class Aborted(Exception):
+    """The operator declined to confirm: exit 1."""
+
+
+class StateMoved(RolloutError):
+    """The state moved away from the revision the operator confirmed (deliberately not a
+    RevisionConflict, so that retrying writers such as Rollout.unkill stop instead of retrying)."""
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    args: argparse.Namespace
+    rollout: Rollout
+    clock: Clock
+    out: IO[str]
+    err: IO[str]
+    stdin: IO[str]
+    interactive: bool
+    where: str = ""
+
+    @property
+    def actor(self) -> str:
+        return getattr(self.args, "actor", None) or default_actor()
+
+    def say(self, line: str) -> None:
+        self.out.write(line + "\n")
+
+    def warn(self, line: str) -> None:
+        self.err.write(f"{PROG}: warning: {line}\n")
+
+    def done(self, what: str, after: RolloutState) -> None:
+        self.say(f"{what} (revision {after.revision}) by {one_line(after.updated_by)}: "
+                 f"{one_line(after.reason)}")
+
+    def confirm(self, before: RolloutState, planned: RolloutState, question: str, what: str):
+        """Ask before a big move; refuse without a terminal unless --yes."""
+        if self.args.yes or not _big_move(before, planned):
+            return
+        if not self.interactive:
+            raise UsageError(f"{what} needs confirmation: pass --yes to confirm "
+                             "(stdin is not a terminal)")
+        self.err.write(f"{question} [y/N] ")
+        self.err.flush()
+        answer = self.stdin.readline()
+        if not (answer.endswith("\n") and _isatty(self.stdin)):  # a terminal echoed the newline
+            self.err.write("\n")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise Aborted()
+
+
+def _big_move(before: RolloutState, after: RolloutState) -> bool:
+    """A move of the stored or the effective share by >= 50 points, or to 100 %."""
+    moves = ((before.canary_bp, after.canary_bp), (before.effective_bp, after.effective_bp))
+    for old, new in moves:
+        if old != new and (abs(new - old) >= BIG_MOVE_BP or new == BUCKETS):
+            return True
+    return False
+
+
+def _status(ctx: _Context) -> int:
+    state = ctx.rollout.state()
+    if ctx.args.json:
+        doc = state.model_dump(mode="json")
+        doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100)
+        ctx.say(json.dumps(doc))
+        return 0
+    rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, ctx.clock.time())
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        ctx.say(f"{label:<{width}}  {value}")
+    return 0
+
+
+def _canary(ctx: _Context) -> int:
+    bp = ctx.args.percent
+    before = ctx.rollout.state()
+    old, new = format_bp(before.canary_bp), format_bp(bp)
+    if bp == before.canary_bp:
+        ctx.say(f"canary already at {new} (revision {before.revision}): nothing changed")
+        return 0
+    if before.kill:
+        ctx.warn("the kill switch is on: traffic stays on baseline until `rollout unkill`")
+    ctx.confirm(before, before.model_copy(update={"canary_bp": bp}),
+                f"Move canary from {old} to {new} (revision {before.revision})?",
+                f"moving the canary from {old} to {new}")
+    _, after = ctx.rollout.set_canary(bp, actor=ctx.actor, reason=ctx.args.reason,
+                                      expected_revision=before.revision)
+    ctx.done(f"canary {old} -> {new}", after)
+    return 0
+
+
+def _kill(ctx: _Context) -> int:
+    before, after = ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason)
+    what = "kill switch on (it was already on)" if before.kill else "kill switch off -> on"
+    ctx.done(what + ", all traffic to baseline", after)
+    return 0
+
+
+def _unkill(ctx: _Context) -> int:
+    before = ctx.rollout.state()
+    share = format_bp(before.canary_bp)
+    if not before.kill:
+        ctx.say(f"kill switch already off (revision {before.revision}): nothing changed")
+        return 0
+    ctx.confirm(before, before.model_copy(update={"kill": False}),
+                f"Turn the kill switch off, sending {share} of traffic to optimized "
+                f"(revision {before.revision})?",
+                f"turning the kill switch off with the canary at {share}")
+    pinned = Rollout(_PinnedStore(ctx.rollout.store, before.revision), ctx.clock)
+    _, after = pinned.unkill(actor=ctx.actor, reason=ctx.args.reason)
+    ctx.done(f"kill switch on -> off, {format_bp(after.effective_bp)} to optimized", after)
+    return 0
+
+
+def _revert(ctx: _Context) -> int:
+    revision = ctx.args.revision
+    target = ctx.rollout.store.state_at(revision)
+    before = ctx.rollout.state()
+    planned = before.model_copy(update={"canary_bp": target.canary_bp, "kill": target.kill})
+    change = describe_change(before, planned)
+    if not change:
+        ctx.say(f"nothing to revert: revision {before.revision} already has the share and kill "
+                f"switch of revision {revision}")
+        return 0
+    ctx.confirm(before, planned,
+                f"Revert to revision {revision} ({change}; now at revision {before.revision})?",
+                f"reverting to revision {revision} ({change})")
+    _, after = ctx.rollout.revert(revision, actor=ctx.actor, reason=ctx.args.reason,
+                                  expected_revision=before.revision)
+    ctx.done(f"revert to revision {revision}: {describe_change(before, after)}", after)
+    return 0
+
+
+def _audit(ctx: _Context) -> int:
+    entries = ctx.rollout.store.audit(last=ctx.args.last)
+    if ctx.args.json:
+        ctx.say(json.dumps([entry.model_dump(mode="json") for entry in entries]))
+    elif not entries:
+        ctx.say("no changes recorded")
+    else:
+        rows = [(e.id, when(e.ts), e.actor, e.action, str(e.revision), e.reason) for e in entries]
+        for line in table(("ID", "TIME", "ACTOR", "ACTION", "REVISION", "REASON"), rows):
+            ctx.say(line)
+    return 0
+
+
+_HANDLERS = {
+    "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
+    "audit": _audit, "revert": _revert,
+}
+
+
+class _PinnedStore(StateStore):
+    """Delegates to `inner`, but writes only on top of `revision`: a change confirmed against
+    what the operator saw must not be replayed onto a state that moved meanwhile."""
+
+    def __init__(self, inner: StateStore, revision: int):
+        self.inner, self.revision = inner, revision
+
+    def get(self):
+        return self.inner.get()
+
+    def compare_and_set(self, before, after, *, actor, action, reason):
+        if before.revision != self.revision:
+            raise StateMoved(f"rollout state changed concurrently: expected revision "
+                             f"{self.revision}, found {before.revision}")
+        return self.inner.compare_and_set(before, after, actor=actor, action=action, reason=reason)
+
+    def audit(self, last=None):
+        return self.inner.audit(last)
+
+    def state_at(self, revision):
+        return self.inner.state_at(revision)
+
+    def subscribe(self):
+        return self.inner.subscribe()
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = None,
+         stdin: IO[str] | None = None, stdout: IO[str] | None = None,
+         stderr: IO[str] | None = None) -> int:
+    """Run one command and return its exit code. Tests inject the store, clock and streams;
+    without a store, Settings() and the Redis store are built from the environment and flags."""
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    interactive = stdin is not None or _isatty(sys.stdin)
+    opened = None
+    try:
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help
+            return exc.code if isinstance(exc.code, int) else 0
+        where = ""
+        if store is None:
+            settings = settings_from(args)
+            store = opened = open_store(settings)
+            where = _where(settings)
+        clock = clock or SystemClock()
+        ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
+                       interactive, where)
+        return _HANDLERS[args.command](ctx)
+    except KeyboardInterrupt:
+        return _fail(err, "interrupted", 130, prefix="\n")
+    except (UsageError, InvalidChange, RevisionNotFound) as exc:
+        return _fail(err, f"error: {exc}", 2)
+    except Aborted:
+        return _fail(err, "aborted: nothing was changed", 1)
+    except (RevisionConflict, StateMoved) as exc:
+        return _fail(err, f"error: {exc}: nothing was changed; check `rollout status` and "
+                          "try again", 1)
+    except StoreUnavailable as exc:
+        return _fail(err, f"error: {exc} (check REDIS_URL or --redis-url)", 1)
+    except RolloutError as exc:
+        return _fail(err, f"error: {exc}", 1)
+    except BrokenPipeError:  # e.g. `rollout audit | head -1`
+        if stdout is None:
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # a bug or an unexpected store reply: still one line, no traceback
+        return _fail(err, f"error: unexpected {type(exc).__name__}: {exc}", 1)
+    finally:
+        if opened is not None:
+            with contextlib.suppress(Exception):
+                opened.close()
+
+
+def _fail(err: IO[str], message: str, code: int, prefix: str = "") -> int:
+    err.write(f"{prefix}{PROG}: {one_line(message)}\n")
+    err.flush()
+    return code
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _where(settings: Settings) -> str:
+    from rollout.redis_store import redact_url
+
+    return f"{redact_url(settings.redis_url)} (app {settings.app_name})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
