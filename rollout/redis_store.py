@@ -14,6 +14,7 @@ appending the audit entry and notifying gateways happen atomically or not at all
 from __future__ import annotations
 
 import json
+import re
 
 import redis
 
@@ -44,6 +45,7 @@ def _unavailable(exc: Exception, url: str) -> StoreUnavailable:
 
 def redact_url(url: str) -> str:
     """The URL without its password, for messages and logs."""
+    url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url
@@ -55,12 +57,21 @@ def redact_url(url: str) -> str:
 class _RedisSubscription(Subscription):
     def __init__(self, store: RedisStateStore):
         self._store = store
-        self._pubsub = store._client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub = store._client.pubsub()
         try:
             self._pubsub.subscribe(store.channel)
+            # Read the server's confirmation before returning: from then on no change can be
+            # missed, and the first wait() cannot mistake the confirmation for "no change".
+            confirmation = self._pubsub.get_message(timeout=store.timeout_s)
         except _UNAVAILABLE as exc:
             self._pubsub.close()
             raise _unavailable(exc, store.url) from None
+        if not confirmation or confirmation["type"] != "subscribe":
+            self._pubsub.close()
+            raise StoreUnavailable(
+                f"Redis at {redact_url(store.url)} did not confirm the subscription"
+            )
+        self._pubsub.ignore_subscribe_messages = True
 
     def wait(self, timeout: float) -> bool:
         try:
@@ -83,6 +94,7 @@ class RedisStateStore(StateStore):
     def __init__(self, url: str, app: str, *, timeout_s: float = 2.0):
         self.url = url
         self.app = app
+        self.timeout_s = timeout_s
         prefix = f"rollout:{app}:"
         self.state_key = prefix + "state"
         self.history_key = prefix + "history"

@@ -1,0 +1,268 @@
+"""The contract every StateStore must pass, whatever keeps the state.
+
+Subclass `StoreContract` in a test module and supply a `store` fixture that yields a fresh, empty
+store; every test here then runs against that implementation. The in-memory twin and the Redis
+store both run it, which is what keeps the twin honest.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from rollout import (
+    RevisionConflict,
+    RevisionNotFound,
+    Rollout,
+    RolloutState,
+    StateStore,
+)
+
+WRITERS = 8
+INCREMENTS_PER_WRITER = 25
+
+
+def successor(before: RolloutState, **changes) -> RolloutState:
+    """`before` with `changes`, at the next revision, as a caller of compare_and_set builds it."""
+    revision = before.revision + 1
+    fields = dict(
+        revision=revision, updated_at=1_700_000_000.0 + revision, updated_by="tester",
+        reason=f"change {revision}",
+    )
+    fields.update(changes)
+    return before.model_copy(update=fields)
+
+
+def write(store: StateStore, **changes) -> RolloutState:
+    before = store.get()
+    after = successor(before, **changes)
+    return store.compare_and_set(
+        before, after, actor="tester", action=f"write {after.revision}", reason=after.reason
+    )
+
+
+class StoreContract:
+    """Tests every StateStore must pass. Subclasses provide the `store` fixture."""
+
+    @pytest.fixture
+    def store(self) -> StateStore:  # pragma: no cover - always overridden
+        raise NotImplementedError("a StoreContract subclass must provide the `store` fixture")
+
+    # --- reading an empty store ----------------------------------------------------------
+
+    def test_empty_store_answers_the_default_state_at_revision_0(self, store):
+        state = store.get()
+        assert state == RolloutState()
+        assert state.revision == 0
+        assert state.canary_bp == 0
+        assert state.kill is False
+        assert store.audit() == []
+
+    # --- compare-and-set -------------------------------------------------------------------
+
+    def test_compare_and_set_stores_the_new_state_and_audits_it(self, store):
+        before = store.get()
+        after = successor(before, canary_bp=500, updated_by="alice", reason="first 5%")
+
+        result = store.compare_and_set(
+            before, after, actor="alice", action="canary 0% -> 5%", reason="first 5%"
+        )
+
+        assert result == after
+        assert store.get() == after
+        assert store.get().revision == 1
+        [entry] = store.audit()
+        assert entry.actor == "alice"
+        assert entry.action == "canary 0% -> 5%"
+        assert entry.reason == "first 5%"
+        assert entry.revision == 1
+        assert entry.ts == after.updated_at
+        assert entry.before is None  # the first write has no recorded state before it
+        assert entry.after == after
+
+    def test_each_write_bumps_the_revision_and_records_the_state_before_it(self, store):
+        first = write(store, canary_bp=100)
+        second = write(store, canary_bp=200)
+        third = write(store, kill=True)
+
+        assert [first.revision, second.revision, third.revision] == [1, 2, 3]
+        assert store.get() == third
+        entries = store.audit()
+        assert [e.revision for e in entries] == [1, 2, 3]
+        assert [e.before for e in entries] == [None, first, second]
+        assert [e.after for e in entries] == [first, second, third]
+        assert len({e.id for e in entries}) == 3
+
+    def test_conflict_raises_and_changes_nothing(self, store):
+        stale = store.get()
+        winner = write(store, canary_bp=100)
+        loser = successor(stale, canary_bp=9_000, updated_by="bob")
+
+        with pytest.raises(RevisionConflict) as info:
+            store.compare_and_set(stale, loser, actor="bob", action="canary", reason="late")
+
+        assert info.value.expected == 0
+        assert info.value.actual == 1
+        assert store.get() == winner
+        assert store.state_at(1) == winner  # the loser did not overwrite the history either
+        [entry] = store.audit()
+        assert entry.actor == "tester"
+        assert entry.after == winner
+
+    def test_conflict_reports_the_current_revision(self, store):
+        for _ in range(3):
+            write(store)
+        stale = store.state_at(1)
+
+        with pytest.raises(RevisionConflict) as info:
+            store.compare_and_set(stale, successor(stale), actor="a", action="x", reason="y")
+
+        assert (info.value.expected, info.value.actual) == (1, 3)
+        assert len(store.audit()) == 3
+
+    @pytest.mark.parametrize("step", [0, 2, -1])
+    def test_after_must_be_exactly_the_next_revision(self, store, step):
+        write(store)
+        before = store.get()
+        after = before.model_copy(update=dict(revision=before.revision + step, canary_bp=42))
+
+        with pytest.raises(ValueError, match="revision"):
+            store.compare_and_set(before, after, actor="a", action="x", reason="y")
+
+        assert store.get() == before
+        assert len(store.audit()) == 1
+
+    # --- history -----------------------------------------------------------------------------
+
+    def test_state_at_returns_every_recorded_revision(self, store):
+        written = [write(store, canary_bp=bp) for bp in (1, 50, 2_500, 10_000)]
+
+        for state in written:
+            assert store.state_at(state.revision) == state
+
+    @pytest.mark.parametrize("revision", [2, 3, 99])
+    def test_state_at_an_unknown_revision_raises_revision_not_found(self, store, revision):
+        write(store)
+
+        with pytest.raises(RevisionNotFound):
+            store.state_at(revision)
+
+    def test_state_at_on_an_empty_store_raises_revision_not_found(self, store):
+        with pytest.raises(RevisionNotFound):
+            store.state_at(1)
+
+    # --- audit -------------------------------------------------------------------------------
+
+    def test_audit_last_returns_the_newest_entries_oldest_first(self, store):
+        for bp in range(1, 6):
+            write(store, canary_bp=bp)
+
+        assert [e.revision for e in store.audit()] == [1, 2, 3, 4, 5]
+        assert [e.revision for e in store.audit(last=2)] == [4, 5]
+        assert [e.revision for e in store.audit(last=1)] == [5]
+        assert [e.revision for e in store.audit(last=5)] == [1, 2, 3, 4, 5]
+        assert [e.revision for e in store.audit(last=50)] == [1, 2, 3, 4, 5]
+        assert [e.after.canary_bp for e in store.audit(last=3)] == [3, 4, 5]
+
+    # --- change notifications ----------------------------------------------------------------
+
+    def test_subscription_wakes_on_a_write_from_another_thread(self, store):
+        subscription = store.subscribe()
+        try:
+            writer = threading.Thread(target=write, args=(store,), kwargs=dict(canary_bp=7))
+            writer.start()
+            try:
+                assert subscription.wait(timeout=10.0) is True
+            finally:
+                writer.join(10.0)
+            assert store.get().canary_bp == 7
+        finally:
+            subscription.close()
+
+    def test_subscription_reports_a_write_made_before_wait_is_called(self, store):
+        subscription = store.subscribe()
+        try:
+            write(store, canary_bp=7)
+            assert subscription.wait(timeout=10.0) is True
+        finally:
+            subscription.close()
+
+    def test_subscription_wait_times_out_when_nothing_is_written(self, store):
+        subscription = store.subscribe()
+        try:
+            assert subscription.wait(timeout=0.05) is False
+        finally:
+            subscription.close()
+
+    def test_subscription_reports_a_write_once(self, store):
+        subscription = store.subscribe()
+        try:
+            write(store)
+            assert subscription.wait(timeout=10.0) is True
+            assert subscription.wait(timeout=0.05) is False
+        finally:
+            subscription.close()
+
+    def test_a_failed_write_notifies_no_one(self, store):
+        stale = store.get()
+        write(store)
+        subscription = store.subscribe()
+        try:
+            with pytest.raises(RevisionConflict):
+                store.compare_and_set(stale, successor(stale), actor="a", action="x", reason="y")
+            assert subscription.wait(timeout=0.05) is False
+        finally:
+            subscription.close()
+
+    # --- concurrency -------------------------------------------------------------------------
+
+    def test_concurrent_read_modify_write_loses_no_update(self, store):
+        """8 threads each add 1 to the canary share 25 times, retrying on conflict."""
+        rollout = Rollout(store)
+        start = threading.Barrier(WRITERS)
+        successes = [0] * WRITERS
+        conflicts = [0] * WRITERS
+        failures: list[BaseException] = []
+
+        def writer(index: int) -> None:
+            try:
+                start.wait(10.0)
+                for _ in range(INCREMENTS_PER_WRITER):
+                    for _attempt in range(10_000):
+                        seen = store.get()
+                        try:
+                            rollout.set_canary(
+                                seen.canary_bp + 1, actor=f"writer-{index}", reason="increment",
+                                expected_revision=seen.revision,
+                            )
+                        except RevisionConflict:
+                            conflicts[index] += 1
+                            continue
+                        successes[index] += 1
+                        break
+                    else:
+                        raise AssertionError(f"writer {index} never won a compare-and-set")
+            except BaseException as exc:  # surfaced in the main thread below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60.0)
+
+        assert not [t for t in threads if t.is_alive()], "a writer thread hung"
+        assert failures == []
+        total = WRITERS * INCREMENTS_PER_WRITER
+        assert successes == [INCREMENTS_PER_WRITER] * WRITERS
+        final = store.get()
+        assert final.revision == total
+        assert final.canary_bp == total  # no increment was lost
+        entries = store.audit()
+        assert len(entries) == final.revision
+        # Every write built on the one before it: revision r set the share to exactly r.
+        assert [e.revision for e in entries] == list(range(1, total + 1))
+        assert [e.after.canary_bp for e in entries] == list(range(1, total + 1))
+        assert [e.before.revision if e.before else 0 for e in entries] == list(range(total))
+        assert {e.actor for e in entries} == {f"writer-{i}" for i in range(WRITERS)}

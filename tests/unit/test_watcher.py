@@ -1,0 +1,306 @@
+"""A gateway's cached rollout state (rollout.watcher): freshness, fail-safe staleness, recovery.
+
+Staleness is measured on a FakeClock that the tests advance. The background-thread tests wait
+for an outcome by polling `view()` against a deadline; none of them sleeps a fixed time and then
+asserts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+
+from rollout import (
+    FakeClock,
+    MemoryStateStore,
+    Rollout,
+    RolloutState,
+    StateStore,
+    StateWatcher,
+    StoreUnavailable,
+    Subscription,
+)
+
+POLL_S = 1.0
+STALENESS_S = 5.0
+DEADLINE_S = 5.0
+
+
+class FailingStore(StateStore):
+    """Wraps a store; while `down` is set, reads and subscribing raise StoreUnavailable."""
+
+    def __init__(self, inner: StateStore):
+        self.inner = inner
+        self.down = threading.Event()
+        self.failed_reads = 0
+
+    def get(self):
+        if self.down.is_set():
+            self.failed_reads += 1
+            raise StoreUnavailable("cannot reach the test store: it is down")
+        return self.inner.get()
+
+    def subscribe(self):
+        if self.down.is_set():
+            raise StoreUnavailable("cannot subscribe: the test store is down")
+        return self.inner.subscribe()
+
+    def compare_and_set(self, before, after, *, actor, action, reason):
+        return self.inner.compare_and_set(before, after, actor=actor, action=action, reason=reason)
+
+    def audit(self, last=None):
+        return self.inner.audit(last)
+
+    def state_at(self, revision):
+        return self.inner.state_at(revision)
+
+
+class _Silent(Subscription):
+    def __init__(self):
+        self._closed = threading.Event()
+
+    def wait(self, timeout):
+        self._closed.wait(timeout)
+        return False
+
+    def close(self):
+        self._closed.set()
+
+
+class DeafStore(MemoryStateStore):
+    """A store whose change notifications never arrive: only the poll can see a change."""
+
+    def subscribe(self):
+        return _Silent()
+
+
+def eventually(predicate, timeout: float = DEADLINE_S) -> bool:
+    """Poll `predicate` until it holds or `timeout` passes; True if it held."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def watcher_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rollout-watcher"]
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def memory():
+    return MemoryStateStore()
+
+
+@pytest.fixture
+def failing(memory):
+    return FailingStore(memory)
+
+
+@pytest.fixture
+def rollout(memory, clock):
+    return Rollout(memory, clock)
+
+
+@pytest.fixture
+def watcher(failing, clock):
+    return StateWatcher(failing, poll_s=POLL_S, staleness_s=STALENESS_S, clock=clock)
+
+
+# --- construction --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("staleness_s", [0.5, 1.0])
+def test_staleness_must_exceed_the_poll_interval(memory, staleness_s):
+    with pytest.raises(ValueError, match="staleness_s"):
+        StateWatcher(memory, poll_s=1.0, staleness_s=staleness_s)
+
+
+# --- refresh and staleness, driven by hand -------------------------------------------------------
+
+
+def test_view_before_any_read_is_stale_and_not_loaded(watcher):
+    view = watcher.view()
+
+    assert view.loaded is False
+    assert view.stale is True
+    assert view.age_s == float("inf")
+    assert view.error is None
+    assert view.state == RolloutState()
+
+
+def test_refresh_loads_a_fresh_state(watcher, rollout):
+    rollout.set_canary(500, actor="alice", reason="five")
+
+    assert watcher.refresh() is True
+
+    view = watcher.view()
+    assert view.loaded is True
+    assert view.stale is False
+    assert view.age_s == 0
+    assert view.error is None
+    assert (view.state.canary_bp, view.state.revision) == (500, 1)
+
+
+def test_the_view_turns_stale_once_older_than_the_staleness_bound(watcher, clock):
+    watcher.refresh()
+
+    clock.advance(STALENESS_S)
+    assert watcher.view().age_s == STALENESS_S
+    assert watcher.view().stale is False  # exactly at the bound is still fresh
+
+    clock.advance(0.001)
+    assert watcher.view().stale is True
+    assert watcher.view().loaded is True
+
+    watcher.refresh()
+    assert watcher.view().stale is False
+    assert watcher.view().age_s == 0
+
+
+def test_a_failing_store_keeps_the_last_state_until_it_is_too_old(
+    watcher, failing, rollout, clock
+):
+    rollout.set_canary(2_500, actor="alice", reason="quarter")
+    watcher.refresh()
+    failing.down.set()
+
+    assert watcher.refresh() is False  # never raises
+
+    view = watcher.view()
+    assert view.state.canary_bp == 2_500  # the cached copy is still served
+    assert view.error is not None and "down" in view.error
+    assert view.loaded is True
+    assert view.stale is False
+
+    clock.advance(STALENESS_S - 0.5)
+    assert watcher.refresh() is False
+    assert watcher.view().stale is False  # a failed read does not reset the age ...
+
+    clock.advance(1.0)
+    view = watcher.view()
+    assert view.stale is True  # ... so the copy turns stale on schedule
+    assert view.age_s == STALENESS_S + 0.5
+    assert view.state.canary_bp == 2_500
+    assert view.error is not None
+
+
+def test_the_view_recovers_when_the_store_works_again(watcher, failing, rollout, clock):
+    watcher.refresh()
+    failing.down.set()
+    watcher.refresh()
+    clock.advance(STALENESS_S * 2)
+    assert watcher.view().stale is True
+    rollout.set_canary(100, actor="alice", reason="changed while we were cut off")
+
+    failing.down.clear()
+    assert watcher.refresh() is True
+
+    view = watcher.view()
+    assert view.error is None
+    assert view.stale is False
+    assert view.state.canary_bp == 100
+
+
+def test_a_store_that_never_answered_stays_unloaded(watcher, failing):
+    failing.down.set()
+
+    assert watcher.refresh() is False
+
+    view = watcher.view()
+    assert view.loaded is False
+    assert view.stale is True
+    assert view.error is not None
+    assert view.state == RolloutState()
+
+
+# --- the background thread -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running(watcher: StateWatcher, wake):
+    """Run the watcher's thread; on exit stop it, waking it with `wake()` if it sleeps long."""
+    watcher.start()
+    try:
+        yield watcher
+    finally:
+        watcher.stop(timeout=0)  # ask it to stop: it may be blocked waiting for a change ...
+        wake()  # ... which this provides
+        watcher.stop(timeout=DEADLINE_S)
+
+
+def test_start_reads_the_state_before_returning(watcher, rollout):
+    rollout.set_canary(300, actor="alice", reason="three")
+
+    with running(watcher, wake=lambda: rollout.set_canary(0, actor="t", reason="wake")):
+        assert watcher.view().loaded is True
+        assert watcher.view().state.canary_bp == 300
+
+
+def test_the_thread_picks_up_a_change_from_its_notification(memory, rollout, clock):
+    # The poll is far longer than the deadline: only the change notification can deliver it.
+    watcher = StateWatcher(memory, poll_s=600.0, staleness_s=1200.0, clock=clock)
+
+    with running(watcher, wake=lambda: rollout.kill(actor="t", reason="wake")):
+        rollout.set_canary(1_000, actor="alice", reason="ten")
+        assert eventually(lambda: watcher.view().state.revision == 1)
+        rollout.set_canary(2_000, actor="alice", reason="twenty")
+        assert eventually(lambda: watcher.view().state.revision == 2)
+
+    assert watcher.view().state.canary_bp == 2_000
+    assert watcher_threads() == []
+
+
+def test_the_poll_catches_a_change_whose_notification_was_lost(clock):
+    store = DeafStore()
+    watcher = StateWatcher(store, poll_s=0.02, staleness_s=60.0, clock=clock)
+
+    with running(watcher, wake=lambda: None):
+        Rollout(store, clock).set_canary(700, actor="alice", reason="seven")
+        assert eventually(lambda: watcher.view().state.canary_bp == 700)
+
+
+def test_the_thread_survives_an_outage_and_recovers(failing, rollout, clock):
+    watcher = StateWatcher(failing, poll_s=0.02, staleness_s=1.0, clock=clock)
+    failing.down.set()
+
+    with running(watcher, wake=lambda: None):
+        # Down from the start: nothing loaded, the error is reported, the thread keeps trying.
+        assert watcher.view().loaded is False
+        assert watcher.view().error is not None
+        assert eventually(lambda: failing.failed_reads >= 3)
+
+        failing.down.clear()
+        assert eventually(lambda: watcher.view().loaded and watcher.view().error is None)
+        rollout.set_canary(4_000, actor="alice", reason="forty")
+        assert eventually(lambda: watcher.view().state.canary_bp == 4_000)
+
+        failing.down.set()
+        assert eventually(lambda: watcher.view().error is not None)
+        assert watcher.view().state.canary_bp == 4_000
+        assert watcher.view().stale is False
+        clock.advance(1.5)
+        assert watcher.view().stale is True
+
+        failing.down.clear()
+        assert eventually(lambda: watcher.view().error is None)
+        assert watcher.view().stale is False
+
+
+def test_stop_ends_the_thread(memory, clock):
+    watcher = StateWatcher(memory, poll_s=0.02, staleness_s=1.0, clock=clock)
+    watcher.start()
+    assert len(watcher_threads()) == 1
+
+    watcher.stop(timeout=DEADLINE_S)
+
+    assert watcher_threads() == []
