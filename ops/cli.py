@@ -53,11 +53,6 @@ class Aborted(Exception):
     """The operator declined to confirm: exit 1."""
 
 
-class StateMoved(RolloutError):
-    """The state moved away from the revision the operator confirmed (deliberately not a
-    RevisionConflict, so that retrying writers such as Rollout.unkill stop instead of retrying)."""
-
-
 # --- commands ---------------------------------------------------------------------------------
 
 
@@ -160,8 +155,8 @@ def _unkill(ctx: _Context) -> int:
                 f"Turn the kill switch off, sending {share} of traffic to optimized "
                 f"(revision {before.revision})?",
                 f"turning the kill switch off with the canary at {share}")
-    pinned = Rollout(_PinnedStore(ctx.rollout.store, before.revision), ctx.clock)
-    _, after = pinned.unkill(actor=ctx.actor, reason=ctx.args.reason)
+    _, after = ctx.rollout.unkill(actor=ctx.actor, reason=ctx.args.reason,
+                                  expected_revision=before.revision)
     ctx.done(f"kill switch on -> off, {format_bp(after.effective_bp)} to optimized", after)
     return 0
 
@@ -204,32 +199,6 @@ _HANDLERS = {
 }
 
 
-class _PinnedStore(StateStore):
-    """Delegates to `inner`, but writes only on top of `revision`: a change confirmed against
-    what the operator saw must not be replayed onto a state that moved meanwhile."""
-
-    def __init__(self, inner: StateStore, revision: int):
-        self.inner, self.revision = inner, revision
-
-    def get(self):
-        return self.inner.get()
-
-    def compare_and_set(self, before, after, *, actor, action, reason):
-        if before.revision != self.revision:
-            raise StateMoved(f"rollout state changed concurrently: expected revision "
-                             f"{self.revision}, found {before.revision}")
-        return self.inner.compare_and_set(before, after, actor=actor, action=action, reason=reason)
-
-    def audit(self, last=None):
-        return self.inner.audit(last)
-
-    def state_at(self, revision):
-        return self.inner.state_at(revision)
-
-    def subscribe(self):
-        return self.inner.subscribe()
-
-
 # --- entry point ------------------------------------------------------------------------------
 
 
@@ -262,7 +231,7 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
         return _fail(err, f"error: {exc}", 2)
     except Aborted:
         return _fail(err, "aborted: nothing was changed", 1)
-    except (RevisionConflict, StateMoved) as exc:
+    except RevisionConflict as exc:
         return _fail(err, f"error: {exc}: nothing was changed; check `rollout status` and "
                           "try again", 1)
     except StoreUnavailable as exc:

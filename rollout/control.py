@@ -58,8 +58,17 @@ class Rollout:
     def kill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
         return self._retrying(actor=actor, reason=reason, action="kill", kill=True)
 
-    def unkill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
-        return self._retrying(actor=actor, reason=reason, action="unkill", kill=False)
+    def unkill(
+        self, *, actor: str, reason: str, expected_revision: int | None = None
+    ) -> tuple[RolloutState, RolloutState]:
+        """Turn the kill switch off. With `expected_revision` (the state the operator confirmed)
+        it writes only on top of that revision; without, it retries through concurrent writes."""
+        if expected_revision is None:
+            return self._retrying(actor=actor, reason=reason, action="unkill", kill=False)
+        before = self.store.get()
+        if before.revision != expected_revision:
+            raise RevisionConflict(expected_revision, before.revision)
+        return before, self._write(before, actor=actor, reason=reason, action="unkill", kill=False)
 
     def _retrying(self, **write) -> tuple[RolloutState, RolloutState]:
         for _ in range(_KILL_ATTEMPTS):

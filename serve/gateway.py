@@ -171,7 +171,7 @@ class Gateway:
         response = self.handles[arm].predict.remote(texts, task)
         try:
             return await asyncio.wait_for(response, timeout=remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             response.cancel()
             raise ModelTimeout(
                 f"the {arm.value} model did not answer within {self.settings.request_timeout_s:g} s"
