@@ -18,7 +18,7 @@ DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CANARY_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="CANARY_", extra="forbid", frozen=True)
 
     # --- rollout state -----------------------------------------------------------------
     redis_url: str = Field(
@@ -63,8 +63,6 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of a model call")
 
     # --- Serve resources ---------------------------------------------------------------------
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(8000, ge=1, le=65535)
     gateway_num_cpus: float = Field(0.25, ge=0, le=64)
     model_num_cpus: float = Field(0.5, ge=0, le=64)
     model_num_gpus: float = Field(0.0, ge=0, le=8)

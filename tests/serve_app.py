@@ -76,7 +76,7 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         redis_url=redis.url, app_name=APP, model_path=str(model), state_poll_s=0.2,
         state_staleness_s=1.5, request_timeout_s=5.0, max_items=8, max_item_chars=200,
         max_total_chars=800, gateway_num_cpus=0.1, model_num_cpus=0.1, max_batch_size=8,
-        batch_wait_ms=2.0, torch_threads=1, http_port=port, **overrides,
+        batch_wait_ms=2.0, torch_threads=1, **overrides,
     )
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

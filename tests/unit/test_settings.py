@@ -195,7 +195,7 @@ def test_label_template_needs_exactly_one_placeholder(template):
     ("field", "value"),
     [
         ("max_batch_size", 0), ("batch_wait_ms", -1), ("request_timeout_s", 0),
-        ("http_port", 70_000), ("optimized_recipe", "int4"), ("device", "tpu"),
+        ("model_num_cpus", -1), ("optimized_recipe", "int4"), ("device", "tpu"),
         ("routing_salt", "s" * 65), ("max_tokens", 4),
     ],
 )

@@ -1,0 +1,133 @@
+"""The quick start as a user runs it: `serve run serve.config:app` on the default model, with a
+real Redis server, driven over HTTP and by the `rollout` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+URL = "http://127.0.0.1:8000"
+
+
+def _rss_mib(session_leader: int) -> float:
+    """Resident memory of every process in the gateway's session (Ray included), in MiB."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(proc.name)) != session_leader:
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with httpx.Client() as probe:
+        try:
+            probe.get(URL + "/healthz", timeout=0.5)
+            pytest.fail("something already listens on 127.0.0.1:8000; stop it first")
+        except httpx.TransportError:
+            pass
+    redis = RedisServer().start()
+    env = dict(os.environ, REDIS_URL=redis.url, PATH=f"{BIN}:{os.environ['PATH']}")
+    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(BIN / "serve"), "run", "serve.config:app"], cwd=ROOT, env=env,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    client = httpx.Client(base_url=URL, timeout=30)
+    try:
+        deadline = started + 180
+        while True:
+            assert proc.poll() is None, f"serve run exited early, see {log.name}"
+            try:
+                response = client.post("/v1/predict", json={"inputs": ["hello"]})
+                if response.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"no 200 within 180 s, see {log.name}"
+            time.sleep(0.25)
+        first_200 = time.monotonic() - started
+        print(f"\n[e2e] serve run to first 200: {first_200:.1f} s; "
+              f"memory of the running app: {_rss_mib(proc.pid):.0f} MiB RSS")
+        yield client, env
+    finally:
+        client.close()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+        redis.cleanup()
+
+
+def _rollout(env, *args) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [str(BIN / "rollout"), *args], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _arm_within(client, arm: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while client.post("/v1/predict", json={"inputs": ["probe"]}).json()["arm"] != arm:
+        assert time.monotonic() < deadline, f"traffic never moved to {arm}"
+
+
+def test_quick_start_serves_the_default_model(served):
+    client, env = served
+    response = client.post(
+        "/v1/predict", json={"inputs": ["The new GPU doubles inference speed", "The match was a draw"]}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["arm"] == "baseline" and body["model_version"].startswith("fp32-")
+    assert [out["label"] for out in body["outputs"]] == ["technology", "sports"]
+    embed = client.post("/v1/predict", json={"inputs": ["x"], "task": "embed"}).json()
+    assert len(embed["outputs"][0]["embedding"]) == 384
+    status = json.loads(_rollout(env, "status", "--json").stdout)
+    assert status["baseline_version"] == body["model_version"]
+    assert status["optimized_version"].startswith("int8-dynamic-")
+
+
+def test_cli_moves_traffic_and_kill_switch_pulls_it_back(served):
+    client, env = served
+    _rollout(env, "canary", "100", "--yes", "--reason", "e2e: everything to the canary")
+    _arm_within(client, "optimized", 5)
+    optimized = client.post("/v1/predict", json={"inputs": ["x"]}).json()
+    assert optimized["model_version"].startswith("int8-dynamic-")
+
+    _rollout(env, "kill", "--reason", "e2e: pull it back")
+    _arm_within(client, "baseline", 2)
+    arms = {client.post("/v1/predict", json={"inputs": ["y"]}).json()["arm"] for _ in range(30)}
+    assert arms == {"baseline"}
+
+    _rollout(env, "unkill", "--yes", "--reason", "e2e: resume")
+    _arm_within(client, "optimized", 5)
+    audit = json.loads(_rollout(env, "audit", "--json").stdout)
+    assert [entry["action"] for entry in audit][-3:] == ["canary 0% -> 100%", "kill", "unkill"]
