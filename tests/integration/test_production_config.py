@@ -1,0 +1,24 @@
+"""ops/serve-production.yaml is a valid Serve config whose args are valid settings."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollout import Settings
+
+pytestmark = pytest.mark.integration
+
+CONFIG = Path(__file__).resolve().parents[2] / "ops" / "serve-production.yaml"
+
+
+def test_production_config_is_valid():
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = yaml.safe_load(CONFIG.read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    (application,) = schema.applications
+    assert application.import_path == "serve.config:app"
+    assert {d.name for d in application.deployments} == {"gateway", "baseline", "optimized"}
+    settings = Settings(**application.args)
+    assert settings.model_num_gpus == 0.5
