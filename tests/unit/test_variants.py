@@ -1,0 +1,81 @@
+"""Model variants on tiny local models (torch, no Ray, no Redis)."""
+
+import pytest
+import torch
+
+from rollout import Settings
+from serve.variants import Variant, recipe_for, variant_version, versions, weights_digest
+from tests.tiny_model import make_tiny_encoder
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("enc"))
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("cls"), classifier_labels=("neg", "pos"))
+
+
+def test_recipes_by_arm_and_device():
+    auto = Settings()
+    assert recipe_for("baseline", auto, "cpu") == "fp32"
+    assert recipe_for("optimized", auto, "cpu") == "int8-dynamic"
+    assert recipe_for("optimized", auto, "cuda") == "fp16"
+    assert recipe_for("optimized", Settings(optimized_recipe="bf16"), "cpu") == "bf16"
+
+
+def test_version_hashes_weights_and_recipe(encoder_dir, tmp_path):
+    digest = weights_digest(encoder_dir)
+    assert variant_version(digest, "fp32") != variant_version(digest, "int8-dynamic")
+    other = make_tiny_encoder(tmp_path / "other")
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")
+    assert weights_digest(other) != digest
+    found = versions(Settings(model_path=str(encoder_dir)))
+    assert found == {
+        "baseline": variant_version(digest, "fp32"),
+        "optimized": variant_version(digest, "int8-dynamic"),
+    }
+
+
+def test_encoder_variants_embed_and_classify(encoder_dir):
+    settings = Settings(model_path=str(encoder_dir), labels=("cats", "dogs", "cars"))
+    base = Variant(settings, "baseline")
+    opt = Variant(settings, "optimized")
+    assert base.version.startswith("fp32-") and opt.version.startswith("int8-dynamic-")
+    assert any(
+        isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in opt.model.modules()
+    )
+    texts = ["a short one", "a somewhat longer input sentence for the encoder"]
+    rows = base.embed_batch([base.encode(texts), base.encode(["third"])])
+    assert [r.shape[0] for r in rows] == [2, 1]
+    assert torch.allclose(rows[0].norm(dim=-1), torch.ones(2), atol=1e-5)
+    classified = base.postprocess("classify", rows[0])
+    assert [set(c["scores"]) for c in classified] == [{"cats", "dogs", "cars"}] * 2
+    embedded = base.postprocess("embed", rows[1])
+    assert len(embedded[0]["embedding"]) == 32
+    # batching does not change a request's result
+    alone = base.embed_batch([base.encode(texts)])[0]
+    assert torch.allclose(alone, rows[0], atol=1e-5)
+
+
+def test_classifier_uses_its_own_head(classifier_dir):
+    variant = Variant(Settings(model_path=str(classifier_dir)), "baseline")
+    assert variant.has_head and variant.labels == ("neg", "pos")
+    (out,) = variant.postprocess("classify", variant.embed_batch([variant.encode(["hi"])])[0])
+    assert out["label"] in ("neg", "pos")
+    assert abs(sum(out["scores"].values()) - 1) < 1e-4
+    with pytest.raises(ValueError, match="no `embed` task"):
+        variant.postprocess("embed", torch.zeros(1, 2))
+
+
+def test_truncation_to_max_tokens(encoder_dir):
+    variant = Variant(Settings(model_path=str(encoder_dir), max_tokens=16), "baseline")
+    encoded = variant.encode(["word " * 500])
+    assert len(encoded.ids[0]) == 16
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        Variant(Settings(model_path=str(tmp_path)), "baseline")
