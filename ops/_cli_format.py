@@ -56,8 +56,8 @@ def status_rows(state: RolloutState, now: float) -> list[tuple[str, str]]:
         ("canary share", format_bp(state.canary_bp)),
         ("kill switch", "ON: all traffic to baseline" if state.kill else "off"),
         ("effective share", effective + (" (kill switch on)" if state.kill else "")),
-        ("baseline", one_line(state.baseline_version) or "(not registered)"),
-        ("optimized", one_line(state.optimized_version) or "(not registered)"),
+        ("baseline", one_line(state.baseline_version) or "(share not bound to a version)"),
+        ("optimized", one_line(state.optimized_version) or "(share not bound to a version)"),
         ("revision", str(state.revision)),
     ]
     if not state.revision:
@@ -67,6 +67,24 @@ def status_rows(state: RolloutState, now: float) -> list[tuple[str, str]]:
         ("changed by", one_line(state.updated_by)),
         ("reason", one_line(state.reason)),
     ]
+
+
+def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list[tuple[str, str]]:
+    """One row per gateway that reported what it serves, flagging silent or mismatched ones."""
+    if not reports:
+        return [("gateways", "none has reported (is the gateway running?)")]
+    rows = []
+    for report in reports:
+        notes = []
+        if now - report.ts > ttl_s:
+            notes.append("silent")
+        if state.optimized_version and report.optimized_version != state.optimized_version:
+            notes.append("serves another optimized version: routes 0% until a new share is set")
+        text = (f"optimized {one_line(report.optimized_version)}, baseline "
+                f"{one_line(report.baseline_version)} (seen {age(now - report.ts)} ago)")
+        rows.append((f"gateway {one_line(report.gateway)}",
+                     text + (": " + "; ".join(notes) if notes else "")))
+    return rows
 
 
 def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

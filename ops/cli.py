@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from typing import IO
 
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
-from ops._cli_format import describe_change, one_line, status_rows, table, when
+from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
 from rollout import (
     BUCKETS,
     Clock,
     InvalidChange,
+    PermissionDenied,
     RevisionConflict,
     RevisionNotFound,
     Rollout,
@@ -45,6 +46,7 @@ from rollout import (
     format_bp,
     open_store,
 )
+from rollout.control import DEPLOYMENT_TTL_S
 
 BIG_MOVE_BP = BUCKETS // 2  # a move of 50 points or more needs confirmation
 
@@ -108,12 +110,16 @@ def _big_move(before: RolloutState, after: RolloutState) -> bool:
 
 def _status(ctx: _Context) -> int:
     state = ctx.rollout.state()
+    reports = ctx.rollout.store.deployments()
     if ctx.args.json:
         doc = state.model_dump(mode="json")
-        doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100)
+        doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100,
+                   gateways=[r.model_dump(mode="json") for r in reports])
         ctx.say(json.dumps(doc))
         return 0
-    rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, ctx.clock.time())
+    now = ctx.clock.time()
+    rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, now)
+    rows += gateway_rows(state, reports, now, DEPLOYMENT_TTL_S)
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         ctx.say(f"{label:<{width}}  {value}")
@@ -231,6 +237,9 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
         return _fail(err, f"error: {exc}", 2)
     except Aborted:
         return _fail(err, "aborted: nothing was changed", 1)
+    except PermissionDenied as exc:
+        return _fail(err, f"error: {exc} (this Redis user may not change the rollout; use an "
+                          "operator's credentials)", 1)
     except RevisionConflict as exc:
         return _fail(err, f"error: {exc}: nothing was changed; check `rollout status` and "
                           "try again", 1)

@@ -4,22 +4,31 @@ from rollout.clock import Clock, FakeClock, SystemClock
 from rollout.control import Rollout
 from rollout.errors import (
     InvalidChange,
+    PermissionDenied,
     RevisionConflict,
     RevisionNotFound,
     RolloutError,
     StoreUnavailable,
 )
-from rollout.policy import Arm, Decision, Reason, bucket_of, decide
+from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
 from rollout.settings import Settings
-from rollout.state import BUCKETS, AuditEntry, RolloutState, format_bp, parse_percent
+from rollout.state import (
+    BUCKETS,
+    AuditEntry,
+    DeploymentReport,
+    RolloutState,
+    format_bp,
+    parse_percent,
+)
 from rollout.store import MemoryStateStore, StateStore, Subscription
 from rollout.watcher import StateView, StateWatcher
 
 __all__ = [
-    "Arm", "AuditEntry", "BUCKETS", "Clock", "Decision", "FakeClock", "InvalidChange",
+    "Arm", "AuditEntry", "BUCKETS", "Clock", "Decision", "DeploymentReport", "FakeClock",
+    "InvalidChange", "PermissionDenied",
     "MemoryStateStore", "Reason", "RevisionConflict", "RevisionNotFound", "Rollout",
     "RolloutError", "RolloutState", "Settings", "StateStore", "StateView", "StateWatcher",
-    "StoreUnavailable", "Subscription", "SystemClock", "bucket_of", "decide", "format_bp",
+    "StoreUnavailable", "Subscription", "SystemClock", "bucket_of", "decide", "effective_bp", "format_bp",
     "open_store", "parse_percent",
 ]
 

@@ -14,6 +14,7 @@ from rollout.state import BUCKETS, RolloutState, format_bp
 from rollout.store import StateStore
 
 _KILL_ATTEMPTS = 20
+DEPLOYMENT_TTL_S = 60.0  # a gateway report older than this no longer counts as live
 
 
 class Rollout:
@@ -53,7 +54,39 @@ class Rollout:
         if expected_revision is not None and before.revision != expected_revision:
             raise RevisionConflict(expected_revision, before.revision)
         action = f"canary {format_bp(before.canary_bp)} -> {format_bp(bp)}"
-        return before, self._write(before, actor=actor, action=action, reason=reason, canary_bp=bp)
+        versions = self._bind_versions(bp)
+        return before, self._write(
+            before, actor=actor, action=action, reason=reason, canary_bp=bp, **versions
+        )
+
+    def live_versions(self) -> set[tuple[str, str]]:
+        """(baseline, optimized) pairs that gateways reported within DEPLOYMENT_TTL_S."""
+        now = self.clock.time()
+        return {
+            (r.baseline_version, r.optimized_version)
+            for r in self.store.deployments()
+            if now - r.ts <= DEPLOYMENT_TTL_S
+        }
+
+    def _bind_versions(self, bp: int) -> dict[str, str]:
+        """A share is approved for one optimized model: record the version the gateways serve.
+
+        Gateways route the canary only when the state's optimized version is the one they
+        serve, so a share never silently carries over to a newly deployed model. With no live
+        report the versions are left as they are; with several (a deployment in progress) a
+        non-zero share is refused.
+        """
+        live = self.live_versions()
+        if len(live) == 1:
+            baseline, optimized = next(iter(live))
+            return {"baseline_version": baseline, "optimized_version": optimized}
+        if len(live) > 1 and bp > 0:
+            serving = ", ".join(sorted(optimized for _, optimized in live))
+            raise InvalidChange(
+                f"gateways serve different optimized versions ({serving}): wait until the "
+                "deployment has finished, then set the share"
+            )
+        return {}
 
     def kill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
         return self._retrying(actor=actor, reason=reason, action="kill", kill=True)
@@ -84,22 +117,20 @@ class Rollout:
     ) -> tuple[RolloutState, RolloutState]:
         """Restore the share and kill switch recorded at `revision` (itself a new, audited revision).
 
-        Model versions are facts about what is deployed, not settings, so they are kept. A revert
-        that would send traffic to an optimized model other than the one that had that share is
-        refused: that share was never approved for the model now deployed.
+        The versions the current share is bound to are kept. A revert that would send traffic to
+        an optimized model other than the one deployed now is refused: that share was never
+        approved for it.
         """
         target = self.store.state_at(revision)
         before = self.store.get()
         if expected_revision is not None and before.revision != expected_revision:
             raise RevisionConflict(expected_revision, before.revision)
-        if (
-            target.effective_bp > 0
-            and target.optimized_version
-            and target.optimized_version != before.optimized_version
-        ):
+        live = {optimized for _, optimized in self.live_versions()} or {before.optimized_version}
+        deployed = next(iter(live)) if len(live) == 1 else None
+        if target.effective_bp > 0 and target.optimized_version and target.optimized_version != deployed:
             raise InvalidChange(
                 f"revision {revision} routed {format_bp(target.canary_bp)} to optimized version "
-                f"{target.optimized_version}, but {before.optimized_version or 'another'} is "
+                f"{target.optimized_version}, but {deployed or 'another version'} is "
                 "deployed now: set the share explicitly instead"
             )
         after = self._write(
@@ -107,22 +138,3 @@ class Rollout:
             canary_bp=target.canary_bp, kill=target.kill,
         )
         return before, after
-
-    def register_versions(self, baseline: str, optimized: str, *, actor: str) -> RolloutState:
-        """Record the versions a gateway serves. A new optimized model starts again from 0 %."""
-        for _ in range(_KILL_ATTEMPTS):
-            before = self.store.get()
-            if (before.baseline_version, before.optimized_version) == (baseline, optimized):
-                return before
-            changes = dict(baseline_version=baseline, optimized_version=optimized)
-            reason = f"deployed baseline {baseline}, optimized {optimized}"
-            if before.optimized_version and before.optimized_version != optimized:
-                changes["canary_bp"] = 0
-                reason += f" (optimized was {before.optimized_version}: canary share reset to 0)"
-            try:
-                return self._write(
-                    before, actor=actor, action="register versions", reason=reason, **changes
-                )
-            except RevisionConflict:
-                continue
-        return self.store.get()

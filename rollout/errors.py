@@ -4,6 +4,7 @@
     ├── InvalidChange       a requested change is malformed (bad share, missing reason, ...)
     ├── RevisionConflict    compare-and-set lost: someone changed the state first
     ├── RevisionNotFound    no recorded state for the requested revision
+    ├── PermissionDenied    the store refused: this identity may not do that (least privilege)
     └── StoreUnavailable    the state store cannot be reached
 
 Nothing here knows about HTTP or exit codes: the gateway and the CLI map these at their edges.
@@ -31,6 +32,10 @@ class RevisionConflict(RolloutError):
 
 class RevisionNotFound(RolloutError, LookupError):
     """No state was recorded for the requested revision."""
+
+
+class PermissionDenied(RolloutError, PermissionError):
+    """The store refused the operation for this identity (e.g. a gateway's read-only Redis user)."""
 
 
 class StoreUnavailable(RolloutError, ConnectionError):

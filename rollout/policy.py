@@ -13,6 +13,8 @@ Invariants that follow:
   observed canary fraction converges to the configured one; 1 bucket = 0.01 % of keys.
 - Fail-safe: the kill switch beats the share, and a gateway whose cached state is older than its
   staleness bound routes everything to baseline (the arm known to be good) until it hears again.
+- Bound to a version: a share recorded for optimized version X routes nothing when the gateway
+  serves another optimized version, so a newly deployed model starts from 0 % by construction.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Reason(str, Enum):
     SHARE = "share"  # bucket outside the canary share
     KILL_SWITCH = "kill-switch"
     STALE_STATE = "stale-state"  # fail-safe: cached state too old
+    VERSION_MISMATCH = "version-mismatch"  # the share was set for another optimized model
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,32 @@ def bucket_of(key: str, salt: str = "") -> int:
     return int.from_bytes(digest, "big") % BUCKETS
 
 
-def decide(state: RolloutState, key: str, *, stale: bool = False, salt: str = "") -> Decision:
-    bucket = bucket_of(key, salt)
+def effective_bp(
+    state: RolloutState, *, stale: bool = False, serving: str | None = None
+) -> tuple[int, Reason | None]:
+    """The share that actually reaches the canary, and why it is 0 when something overrides it."""
     if state.kill:
-        return Decision(Arm.BASELINE, bucket, Reason.KILL_SWITCH)
+        return 0, Reason.KILL_SWITCH
     if stale:
-        return Decision(Arm.BASELINE, bucket, Reason.STALE_STATE)
-    if bucket < state.canary_bp:
+        return 0, Reason.STALE_STATE
+    if serving and state.optimized_version and state.optimized_version != serving:
+        return 0, Reason.VERSION_MISMATCH
+    return state.canary_bp, None
+
+
+def decide(
+    state: RolloutState,
+    key: str,
+    *,
+    stale: bool = False,
+    salt: str = "",
+    serving: str | None = None,
+) -> Decision:
+    """Route one request. `serving` is the optimized version this gateway serves."""
+    bucket = bucket_of(key, salt)
+    share, override = effective_bp(state, stale=stale, serving=serving)
+    if override is not None:
+        return Decision(Arm.BASELINE, bucket, override)
+    if bucket < share:
         return Decision(Arm.OPTIMIZED, bucket, Reason.CANARY)
     return Decision(Arm.BASELINE, bucket, Reason.SHARE)

@@ -6,6 +6,7 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `history`  hash: revision -> the state's JSON (the rollback path)
 - `audit`    stream: actor, action, reason, revision, before, after, ts
 - `changes`  pub/sub channel: the new revision, published on every change
+- `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
 
 The write is one Lua script, so checking the revision, writing the state, recording history,
 appending the audit entry and notifying gateways happen atomically or not at all.
@@ -18,8 +19,8 @@ import re
 
 import redis
 
-from rollout.errors import RevisionConflict, RevisionNotFound, StoreUnavailable
-from rollout.state import AuditEntry, RolloutState
+from rollout.errors import PermissionDenied, RevisionConflict, RevisionNotFound, StoreUnavailable
+from rollout.state import AuditEntry, DeploymentReport, RolloutState
 from rollout.store import StateStore, Subscription, check_successor
 
 _CAS = """
@@ -100,6 +101,7 @@ class RedisStateStore(StateStore):
         self.history_key = prefix + "history"
         self.audit_key = prefix + "audit"
         self.channel = prefix + "changes"
+        self.deployed_key = prefix + "deployed"
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -114,6 +116,10 @@ class RedisStateStore(StateStore):
             return fn(*args, **kwargs)
         except _UNAVAILABLE as exc:
             raise _unavailable(exc, self.url) from None
+        except redis.exceptions.NoPermissionError as exc:
+            raise PermissionDenied(
+                f"Redis at {redact_url(self.url)} refused: {str(exc).splitlines()[0]}"
+            ) from None
 
     def ping(self) -> None:
         self._call(self._client.ping)
@@ -152,6 +158,14 @@ class RedisStateStore(StateStore):
 
     def subscribe(self) -> Subscription:
         return _RedisSubscription(self)
+
+    def report_deployment(self, report):
+        self._call(self._client.hset, self.deployed_key, report.gateway, report.model_dump_json())
+
+    def deployments(self):
+        raw = self._call(self._client.hgetall, self.deployed_key)
+        reports = [DeploymentReport.model_validate_json(v) for v in raw.values()]
+        return sorted(reports, key=lambda r: r.ts)
 
     def close(self) -> None:
         self._client.close()

@@ -57,6 +57,17 @@ class AuditEntry(BaseModel):
     after: RolloutState
 
 
+class DeploymentReport(BaseModel):
+    """What one gateway replica serves, reported (heartbeat) to the store; read by operators."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gateway: str
+    baseline_version: str
+    optimized_version: str
+    ts: float
+
+
 def parse_percent(text: str | float) -> int:
     """Turn an operator's percentage ("5", "0.25", "100") into basis points.
 

@@ -1,7 +1,7 @@
 """The state store: the narrow interface every rollout change goes through, and its in-memory twin.
 
-A store keeps three things per application: the current `RolloutState`, every state it ever held
-by revision (the rollback path), and an append-only audit log. Its single write is
+A store keeps, per application: the current `RolloutState`, every state it ever held by revision
+(the rollback path), an append-only audit log, and what each gateway reports it serves. Its single write is
 `compare_and_set`: it succeeds only when the stored revision is still the one the caller read,
 so two operators acting at once never lose an update. Every successful write notifies
 subscribers, which is how gateways hear of a change within milliseconds.
@@ -17,7 +17,7 @@ import itertools
 import threading
 
 from rollout.errors import RevisionConflict, RevisionNotFound
-from rollout.state import AuditEntry, RolloutState
+from rollout.state import AuditEntry, DeploymentReport, RolloutState
 
 
 class Subscription(abc.ABC):
@@ -56,6 +56,16 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     def subscribe(self) -> Subscription: ...
+
+    @abc.abstractmethod
+    def report_deployment(self, report: DeploymentReport) -> None:
+        """Record what one gateway serves (a heartbeat; the newest report per gateway wins).
+
+        This is the only write a gateway makes: it never changes the rollout state."""
+
+    @abc.abstractmethod
+    def deployments(self) -> list[DeploymentReport]:
+        """The newest report of every gateway, oldest first (readers judge freshness by `ts`)."""
 
     def ping(self) -> None:
         """Raise StoreUnavailable when the store cannot be reached."""
@@ -99,6 +109,7 @@ class MemoryStateStore(StateStore):
         self._ids = itertools.count(1)
         self._changed = threading.Condition()
         self._published = 0
+        self._deployments: dict[str, DeploymentReport] = {}
 
     def get(self) -> RolloutState:
         with self._changed:
@@ -137,3 +148,11 @@ class MemoryStateStore(StateStore):
 
     def subscribe(self) -> Subscription:
         return _MemorySubscription(self)
+
+    def report_deployment(self, report):
+        with self._changed:
+            self._deployments[report.gateway] = report
+
+    def deployments(self):
+        with self._changed:
+            return sorted(self._deployments.values(), key=lambda r: r.ts)

@@ -42,18 +42,22 @@ class StateWatcher:
         poll_s: float,
         staleness_s: float,
         clock: Clock | None = None,
-        on_connect: Callable[[], object] | None = None,
+        heartbeat: Callable[[], object] | None = None,
+        heartbeat_s: float = 10.0,
     ):
-        """`on_connect` runs in the watcher thread each time it (re)subscribes, before it
-        re-reads the state: the gateway registers its model versions there, so a Redis restarted
-        empty learns them again. A RolloutError from it counts as a failed connection."""
+        """`heartbeat` runs in the watcher thread when it (re)subscribes and then at least every
+        `heartbeat_s`: the gateway reports what it serves there, so a Redis restarted empty
+        learns it again. A RolloutError from it is logged like a failed refresh; it never stops
+        the watcher."""
         if staleness_s <= poll_s:
             raise ValueError("staleness_s must be longer than poll_s")
         self.store = store
         self.poll_s = poll_s
         self.staleness_s = staleness_s
         self.clock = clock or SystemClock()
-        self.on_connect = on_connect
+        self.heartbeat = heartbeat
+        self.heartbeat_s = heartbeat_s
+        self._beat_at: float | None = None
         self._state = RolloutState()
         self._read_at: float | None = None
         self._error: str | None = None
@@ -97,15 +101,27 @@ class StateWatcher:
         if self._thread:
             self._thread.join(timeout)
 
+    def _beat(self) -> None:
+        now = self.clock.monotonic()
+        if self.heartbeat is None or (
+            self._beat_at is not None and now - self._beat_at < self.heartbeat_s
+        ):
+            return
+        self._beat_at = now
+        try:
+            self.heartbeat()
+        except RolloutError as exc:
+            log.warning("heartbeat failed (serving goes on): %s", exc)
+
     def _run(self) -> None:
         subscription: Subscription | None = None
         while not self._stop.is_set():
             try:
                 if subscription is None:
                     subscription = self.store.subscribe()
-                    if self.on_connect is not None:
-                        self.on_connect()
+                    self._beat_at = None
                     self.refresh()  # catch up on what happened while unsubscribed
+                self._beat()
                 subscription.wait(self.poll_s)
             except RolloutError as exc:
                 self._failed(exc)

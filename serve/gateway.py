@@ -9,6 +9,7 @@ respond with `X-Request-ID`, `X-Canary-Arm` (the arm that answered) and `Server-
 
 import asyncio
 import logging
+import os
 import socket
 import time
 
@@ -19,7 +20,17 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollout import Arm, Rollout, Settings, StateWatcher, decide, format_bp, open_store
+from rollout import (
+    Arm,
+    DeploymentReport,
+    Reason,
+    Settings,
+    StateWatcher,
+    decide,
+    effective_bp,
+    format_bp,
+    open_store,
+)
 from serve.errors import (
     GatewayError,
     InputTooLarge,
@@ -63,6 +74,13 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", "internal error", rid, incoming_id=incoming)
 
 
+_OVERRIDES = {
+    Reason.KILL_SWITCH: "kill switch on: all baseline",
+    Reason.STALE_STATE: "fail-safe: all baseline (rollout state stale)",
+    Reason.VERSION_MISMATCH: "all baseline: the share was set for another optimized version",
+}
+
+
 def server_timing(stages: dict[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.3f}" for name, ms in stages.items())
 
@@ -78,22 +96,26 @@ class Gateway:
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
-        self.identity = f"gateway@{socket.gethostname()}"
+        self.serving = infos[1]["version"]
+        self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
         self.store = open_store(settings)
-        self.rollout = Rollout(self.store)
         self.watcher = StateWatcher(
             self.store,
             poll_s=settings.state_poll_s,
             staleness_s=settings.state_staleness_s,
-            on_connect=self._register_versions,
+            heartbeat=self._report,
         )
         self.watcher.start()
 
-    def _register_versions(self) -> None:
-        self.rollout.register_versions(
-            self.models[Arm.BASELINE]["version"],
-            self.models[Arm.OPTIMIZED]["version"],
-            actor=self.identity,
+    def _report(self) -> None:
+        """Tell operators what this replica serves (its only Redis write; see README)."""
+        self.store.report_deployment(
+            DeploymentReport(
+                gateway=self.identity,
+                baseline_version=self.models[Arm.BASELINE]["version"],
+                optimized_version=self.serving,
+                ts=time.time(),
+            )
         )
 
     def __del__(self):
@@ -113,7 +135,10 @@ class Gateway:
                 raise InvalidInput(f"task {task!r} is not supported by this model")
             key = (request.headers.get("x-routing-key") or rid)[:MAX_ROUTING_KEY]
             view = self.watcher.view()
-            decision = decide(view.state, key, stale=view.stale, salt=self.settings.routing_salt)
+            decision = decide(
+                view.state, key, stale=view.stale, salt=self.settings.routing_salt,
+                serving=self.serving,
+            )
             deadline = start + self.settings.request_timeout_s
             result, fallback = await self._call_with_fallback(
                 decision.arm, parsed.inputs, task, deadline, rid
@@ -189,14 +214,13 @@ class Gateway:
     async def rollout_state(self) -> dict:
         view = self.watcher.view()
         state = view.state
+        share, override = effective_bp(state, stale=view.stale, serving=self.serving)
+        routing = _OVERRIDES.get(override, f"{format_bp(share)} to optimized")
         return {
             "state": state.model_dump(),
             "canary_percent": state.canary_percent,
-            "effective_percent": 0.0 if view.stale else state.effective_bp / 100,
-            "routing": "fail-safe: all baseline (state stale)" if view.stale else (
-                "kill switch on: all baseline" if state.kill
-                else f"{format_bp(state.canary_bp)} to optimized"
-            ),
+            "effective_percent": share / 100,
+            "routing": routing,
             "stale": view.stale,
             "state_age_s": None if view.age_s == float("inf") else round(view.age_s, 3),
             "store_error": view.error,

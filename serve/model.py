@@ -10,6 +10,7 @@ how long each stage took and how large its batch was.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class ModelServer:
     def info(self) -> dict:
         return {
             "arm": self.arm,
+            "pid": os.getpid(),
             "version": self.variant.version,
             "recipe": self.variant.recipe,
             "device": self.variant.device,

@@ -25,7 +25,8 @@ class GatewayApp:
     live: dict = field(default_factory=dict)
 
     def rollout(self) -> Rollout:
-        return Rollout(open_store(self.settings))
+        """Audited changes with the operator's Redis user (the gateway's may only read)."""
+        return Rollout(open_store(self.settings.model_copy(update={"redis_url": self.redis.url})))
 
     def served_state(self) -> dict:
         return self.client.get("/v1/rollout").json()
@@ -69,11 +70,12 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
 
     from serve.config import build
 
-    redis = RedisServer().start()
+    # Production-like Redis: TLS only, ACL users; the gateway connects as its read-mostly user.
+    redis = RedisServer(acl=True, tls=True).start()
     model = make_tiny_encoder(tmp / "tiny-encoder")
     port = free_port()
     settings = Settings(
-        redis_url=redis.url, app_name=APP, model_path=str(model), state_poll_s=0.2,
+        redis_url=redis.url_for("gateway"), app_name=APP, model_path=str(model), state_poll_s=0.2,
         state_staleness_s=1.5, request_timeout_s=5.0, max_items=8, max_item_chars=200,
         max_total_chars=800, gateway_num_cpus=0.1, model_num_cpus=0.1, max_batch_size=8,
         batch_wait_ms=2.0, torch_threads=1, **overrides,

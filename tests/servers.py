@@ -18,31 +18,69 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class RedisServer:
-    """A throwaway `redis-server` on 127.0.0.1: start, stop, restart (same port), pause."""
+ACL_FILE = Path(__file__).resolve().parents[1] / "ops" / "redis-users.acl"
+ACL_PASSWORDS = {"operator": "change-me-operator", "gateway": "change-me-gateway"}
 
-    def __init__(self, password: str | None = None):
+
+class RedisServer:
+    """A throwaway `redis-server` on 127.0.0.1: start, stop, restart (same port), pause.
+
+    `password`: requirepass for the default user. `acl`: load ops/redis-users.acl (users
+    `operator` and `gateway`; the default user is off). `tls`: serve TLS only, with a
+    self-signed CA made with openssl in the server's temp dir.
+    """
+
+    def __init__(self, password: str | None = None, *, acl: bool = False, tls: bool = False):
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: install Debian's redis-server package")
         self.binary = binary
         self.port = free_port()
         self.password = password
+        self.acl = acl
+        self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="canary-redis-"))
         self.proc: subprocess.Popen | None = None
+        if tls:
+            _make_certs(self.dir)
 
     @property
     def url(self) -> str:
+        """The URL of the all-powerful user: the default one, or `operator` under ACLs."""
+        if self.acl:
+            return self.url_for("operator")
         auth = f":{self.password}@" if self.password else ""
+        return self._url(auth)
+
+    def url_for(self, user: str) -> str:
+        return self._url(f"{user}:{ACL_PASSWORDS[user]}@")
+
+    def _url(self, auth: str) -> str:
+        if self.tls:
+            ca = self.dir / "ca.crt"
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            self.binary, "--bind", "127.0.0.1",
             "--dir", str(self.dir), "--save", "", "--appendonly", "no",
         ]
+        if self.tls:
+            args += [
+                "--port", "0", "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.dir / "server.crt"),
+                "--tls-key-file", str(self.dir / "server.key"),
+                "--tls-ca-cert-file", str(self.dir / "ca.crt"), "--tls-auth-clients", "no",
+            ]
+        else:
+            args += ["--port", str(self.port)]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.acl:
+            acl = self.dir / "users.acl"
+            shutil.copy(ACL_FILE, acl)
+            args += ["--aclfile", str(acl)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
@@ -69,3 +107,18 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _make_certs(where: Path) -> None:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+        "-keyout", "ca.key", "-out", "ca.crt")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", "server.key", "-out", "server.csr")
+    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-out", "server.crt", "-extfile", "san.ext")

@@ -266,3 +266,36 @@ class StoreContract:
         assert [e.after.canary_bp for e in entries] == list(range(1, total + 1))
         assert [e.before.revision if e.before else 0 for e in entries] == list(range(total))
         assert {e.actor for e in entries} == {f"writer-{i}" for i in range(WRITERS)}
+
+    # --- gateway reports -----------------------------------------------------------------
+
+    def test_no_gateway_has_reported_in_an_empty_store(self, store):
+        assert store.deployments() == []
+
+    def test_reports_keep_the_newest_per_gateway_oldest_first(self, store):
+        from rollout import DeploymentReport
+
+        def report(gateway, optimized, ts):
+            store.report_deployment(DeploymentReport(
+                gateway=gateway, baseline_version="b", optimized_version=optimized, ts=ts))
+
+        report("gw-a", "o1", 10.0)
+        report("gw-b", "o1", 5.0)
+        report("gw-a", "o2", 20.0)
+
+        assert [(r.gateway, r.optimized_version, r.ts) for r in store.deployments()] == [
+            ("gw-b", "o1", 5.0), ("gw-a", "o2", 20.0)
+        ]
+
+    def test_a_report_changes_neither_state_nor_audit_nor_notifies(self, store):
+        from rollout import DeploymentReport
+
+        write(store, canary_bp=5)
+        subscription = store.subscribe()
+        try:
+            store.report_deployment(DeploymentReport(
+                gateway="gw", baseline_version="b", optimized_version="o", ts=1.0))
+            assert store.get().revision == 1 and len(store.audit()) == 1
+            assert subscription.wait(0.2) is False
+        finally:
+            subscription.close()

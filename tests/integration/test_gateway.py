@@ -226,3 +226,28 @@ def test_service_endpoints(gw):
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
     wrong = gw.client.get("/v1/predict")
     assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "method_not_allowed"
+
+
+def test_gateway_reports_what_it_serves_and_the_share_is_bound_to_it(gw):
+    control = gw.rollout()
+    served = gw.served_state()
+    reports = control.store.deployments()
+    assert {r.optimized_version for r in reports} == {served["serving"]["optimized"]}
+    _, state = control.set_canary(500, actor="test", reason="bind")
+    assert state.optimized_version == served["serving"]["optimized"]
+
+
+def test_share_set_for_another_optimized_version_routes_nothing(gw):
+    control = gw.rollout()
+    before = control.state()
+    bound_elsewhere = before.model_copy(update=dict(
+        revision=before.revision + 1, canary_bp=10_000, optimized_version="int8-dynamic-0ld0ld0ld0ld",
+    ))
+    control.store.compare_and_set(before, bound_elsewhere, actor="test", action="canary",
+                                  reason="a share approved for an older model")
+    served = gw.wait_for_revision(bound_elsewhere.revision)
+    assert served["effective_percent"] == 0
+    assert "another optimized version" in served["routing"]
+    assert set(_arms(gw, [f"v-{i}" for i in range(50)]).values()) == {"baseline"}
+    gw.set_state(canary_bp=10_000)  # a new share binds the version gateways serve now
+    assert set(_arms(gw, [f"v-{i}" for i in range(50)]).values()) == {"optimized"}

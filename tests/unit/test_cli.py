@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from ops import cli
-from rollout import FakeClock, MemoryStateStore, Rollout, StoreUnavailable
+from rollout import DeploymentReport, FakeClock, MemoryStateStore, Rollout, StoreUnavailable
 
 START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 
@@ -354,14 +354,19 @@ def test_revert_to_the_current_settings_is_a_no_op(run):
     assert run.state.revision == 1
 
 
+def _report(run, optimized):
+    run.store.report_deployment(DeploymentReport(
+        gateway="gw", baseline_version="b1", optimized_version=optimized, ts=run.clock.time()))
+
+
 def test_revert_refused_for_another_optimized_model(run):
-    rollout = Rollout(run.store, run.clock)
-    rollout.register_versions("b1", "o1", actor="gateway")
-    run.setup("canary", "5", "--reason", "r")
-    rollout.register_versions("b1", "o2", actor="gateway")
-    result = run("revert", "2", "--reason", "r")
+    _report(run, "o1")
+    run.setup("canary", "5", "--reason", "r")  # revision 1, bound to o1
+    run.setup("canary", "0", "--reason", "r")  # revision 2
+    _report(run, "o2")
+    result = run("revert", "1", "--reason", "r")
     assert result.code == 2 and "o2" in one_error_line(result)
-    assert run.state.revision == 3
+    assert run.state.revision == 2
 
 
 # --- concurrent changes -----------------------------------------------------------------------

@@ -13,6 +13,8 @@ from rollout import (
     Rollout,
     RolloutState,
 )
+from rollout.control import DEPLOYMENT_TTL_S
+from rollout.state import DeploymentReport
 
 
 class InterferingStore(MemoryStateStore):
@@ -269,96 +271,102 @@ def test_revert_with_a_stale_expected_revision_conflicts(rollout, store):
     assert store.get().canary_bp == 600
 
 
-def test_revert_keeps_the_deployed_versions(rollout, store):
-    rollout.register_versions("b1", "o1", actor="gateway")  # revision 1
-    rollout.set_canary(500, actor="alice", reason="five")  # revision 2
-    rollout.register_versions("b2", "o1", actor="gateway")  # revision 3: baseline upgraded
+def report(store, clock, baseline, optimized, gateway="gw-1"):
+    """A gateway's heartbeat: what it serves, now."""
+    store.report_deployment(
+        DeploymentReport(gateway=gateway, baseline_version=baseline, optimized_version=optimized,
+                         ts=clock.time())
+    )
+
+
+def test_revert_keeps_the_deployed_versions(rollout, store, clock):
+    report(store, clock, "b1", "o1")
+    rollout.set_canary(500, actor="alice", reason="five")  # revision 1, bound to o1
+    rollout.set_canary(0, actor="alice", reason="zero")  # revision 2
+    report(store, clock, "b2", "o1")  # baseline upgraded
+    rollout.set_canary(100, actor="alice", reason="one")  # revision 3, bound to b2/o1
 
     _, after = rollout.revert(1, actor="alice", reason="undo")
 
-    assert after.canary_bp == 0
+    assert after.canary_bp == 500
     assert (after.baseline_version, after.optimized_version) == ("b2", "o1")
 
 
-def test_revert_refuses_a_share_approved_for_another_optimized_version(rollout, store):
-    rollout.register_versions("b1", "o1", actor="gateway")  # revision 1
-    rollout.set_canary(500, actor="alice", reason="five")  # revision 2: 5% of o1
-    rollout.register_versions("b1", "o2", actor="gateway")  # revision 3: o2 deployed, share 0
+def test_revert_refuses_a_share_approved_for_another_optimized_version(rollout, store, clock):
+    report(store, clock, "b1", "o1")
+    rollout.set_canary(500, actor="alice", reason="five")  # revision 1: 5% of o1
+    report(store, clock, "b1", "o2")  # o2 deployed: gateways route 0 % until a new share
 
     with pytest.raises(InvalidChange, match="o1"):
-        rollout.revert(2, actor="alice", reason="back to five")
+        rollout.revert(1, actor="alice", reason="back to five")
 
-    assert store.get().revision == 3
-    assert store.get().canary_bp == 0
-    assert len(store.audit()) == 3
+    assert store.get().revision == 1
+    assert len(store.audit()) == 1
 
 
-def test_revert_to_a_state_routing_nothing_is_allowed_across_versions(rollout, store):
-    rollout.register_versions("b1", "o1", actor="gateway")
+def test_revert_to_a_state_routing_nothing_is_allowed_across_versions(rollout, store, clock):
+    report(store, clock, "b1", "o1")
     rollout.set_canary(500, actor="alice", reason="five")
-    rollout.kill(actor="oncall", reason="bad")  # revision 3: 5% of o1, but killed
-    rollout.register_versions("b1", "o2", actor="gateway")
+    rollout.kill(actor="oncall", reason="bad")  # revision 2: 5% of o1, but killed
+    report(store, clock, "b1", "o2")
     rollout.set_canary(100, actor="alice", reason="one percent of o2")
 
-    _, after = rollout.revert(3, actor="oncall", reason="kill again")
+    _, after = rollout.revert(2, actor="oncall", reason="kill again")
 
     assert after.kill is True
     assert after.effective_bp == 0
     assert after.optimized_version == "o2"
 
 
-# --- register_versions ---------------------------------------------------------------------------
+# --- binding a share to the deployed versions ------------------------------------------------
 
 
-def test_register_versions_records_the_versions(rollout, store):
-    state = rollout.register_versions("base-1", "opt-1", actor="gateway")
+def test_a_share_is_bound_to_the_versions_gateways_report(rollout, store, clock):
+    report(store, clock, "base-1", "opt-1")
+
+    _, state = rollout.set_canary(1_000, actor="alice", reason="ten")
 
     assert (state.baseline_version, state.optimized_version) == ("base-1", "opt-1")
-    assert state.revision == 1
-    [entry] = store.audit()
-    assert (entry.actor, entry.action) == ("gateway", "register versions")
-    assert "base-1" in entry.reason and "opt-1" in entry.reason
+    assert store.audit()[-1].after == state
 
 
-def test_register_versions_is_a_no_op_when_unchanged(rollout, store):
-    first = rollout.register_versions("base-1", "opt-1", actor="gateway")
-
-    again = rollout.register_versions("base-1", "opt-1", actor="another-replica")
-
-    assert again == first
-    assert store.get().revision == 1
-    assert len(store.audit()) == 1
-
-
-def test_a_new_baseline_keeps_the_share(rollout, store):
-    rollout.register_versions("base-1", "opt-1", actor="gateway")
+def test_without_live_reports_the_versions_are_kept(rollout, store, clock):
+    report(store, clock, "base-1", "opt-1")
     rollout.set_canary(1_000, actor="alice", reason="ten")
+    clock.advance(DEPLOYMENT_TTL_S + 1)  # the gateway went quiet
 
-    state = rollout.register_versions("base-2", "opt-1", actor="gateway")
+    _, state = rollout.set_canary(2_000, actor="alice", reason="twenty")
 
-    assert state.canary_bp == 1_000
-    assert state.baseline_version == "base-2"
+    assert rollout.live_versions() == set()
+    assert state.optimized_version == "opt-1"
 
 
-def test_a_new_optimized_version_starts_again_from_zero(rollout, store):
-    rollout.register_versions("base-1", "opt-1", actor="gateway")
+def test_a_new_optimized_version_is_bound_by_the_next_change(rollout, store, clock):
+    report(store, clock, "base-1", "opt-1")
     rollout.set_canary(2_500, actor="alice", reason="quarter")
+    report(store, clock, "base-1", "opt-2")
 
-    state = rollout.register_versions("base-1", "opt-2", actor="gateway")
+    _, state = rollout.set_canary(100, actor="alice", reason="start opt-2 at 1%")
 
-    assert state.canary_bp == 0
     assert state.optimized_version == "opt-2"
-    assert store.get() == state
-    entry = store.audit()[-1]
-    assert "reset to 0" in entry.reason
-    assert entry.before.canary_bp == 2_500
+    assert store.audit()[-1].before.optimized_version == "opt-1"
 
 
-def test_register_versions_retries_through_concurrent_writes():
-    store = InterferingStore(interruptions=2)
-    rollout = Rollout(store, FakeClock())
+def test_a_share_is_refused_while_gateways_disagree(rollout, store, clock):
+    report(store, clock, "b", "opt-1", gateway="gw-1")
+    report(store, clock, "b", "opt-2", gateway="gw-2")
 
-    state = rollout.register_versions("base-1", "opt-1", actor="gateway")
+    with pytest.raises(InvalidChange, match="opt-1, opt-2"):
+        rollout.set_canary(500, actor="alice", reason="five")
+    _, state = rollout.set_canary(0, actor="alice", reason="zero is always allowed")
 
-    assert (state.baseline_version, state.optimized_version) == ("base-1", "opt-1")
-    assert store.get() == state
+    assert state.canary_bp == 0 and store.get().revision == 1
+
+
+def test_the_newest_report_of_a_gateway_wins(store, clock):
+    report(store, clock, "b", "opt-1", gateway="gw-1")
+    clock.advance(5)
+    report(store, clock, "b", "opt-2", gateway="gw-1")
+
+    [only] = store.deployments()
+    assert only.optimized_version == "opt-2"

@@ -157,3 +157,17 @@ def test_salt_changes_the_assignment_but_not_the_fraction():
     assert len(unsalted & salted) < 1_000
     moved = sum(bucket_of(k) != bucket_of(k, "experiment-2") for k in KEYS_2K)
     assert moved > 0.99 * len(KEYS_2K)
+
+
+def test_a_share_set_for_another_optimized_version_routes_nothing():
+    from rollout import Reason, effective_bp
+
+    state = RolloutState(canary_bp=10_000, optimized_version="int8-old")
+    decision = decide(state, "k", serving="int8-new")
+    assert decision.arm.value == "baseline" and decision.reason is Reason.VERSION_MISMATCH
+    assert effective_bp(state, serving="int8-new") == (0, Reason.VERSION_MISMATCH)
+    assert decide(state, "k", serving="int8-old").arm.value == "optimized"
+    unbound = RolloutState(canary_bp=10_000)  # no version recorded: not bound to one
+    assert decide(unbound, "k", serving="int8-new").arm.value == "optimized"
+    killed = RolloutState(canary_bp=10_000, kill=True, optimized_version="int8-old")
+    assert effective_bp(killed, serving="int8-new") == (0, Reason.KILL_SWITCH)

@@ -16,6 +16,7 @@ import pytest
 from rollout import (
     FakeClock,
     MemoryStateStore,
+    PermissionDenied,
     Rollout,
     RolloutState,
     StateStore,
@@ -56,6 +57,14 @@ class FailingStore(StateStore):
 
     def state_at(self, revision):
         return self.inner.state_at(revision)
+
+    def report_deployment(self, report):
+        if self.down.is_set():
+            raise StoreUnavailable("cannot report: the test store is down")
+        self.inner.report_deployment(report)
+
+    def deployments(self):
+        return self.inner.deployments()
 
 
 class _Silent(Subscription):
@@ -304,3 +313,53 @@ def test_stop_ends_the_thread(memory, clock):
     watcher.stop(timeout=DEADLINE_S)
 
     assert watcher_threads() == []
+
+
+def test_heartbeat_runs_on_connect_and_then_every_interval():
+    clock = FakeClock()
+    store = MemoryStateStore()
+    beats = []
+    beat = threading.Event()
+
+    def heartbeat():
+        beats.append(clock.monotonic())
+        beat.set()
+
+    watcher = StateWatcher(
+        store, poll_s=0.01, staleness_s=5, clock=clock, heartbeat=heartbeat, heartbeat_s=10
+    )
+    watcher.start()
+    try:
+        assert beat.wait(5) and len(beats) == 1
+        beat.clear()
+        deadline = time.monotonic() + 0.3  # many polls pass; the fake clock has not moved
+        while time.monotonic() < deadline:
+            assert len(beats) == 1
+            time.sleep(0.02)
+        clock.advance(10)
+        assert beat.wait(5) and len(beats) == 2
+    finally:
+        watcher.stop()
+
+
+def test_a_failing_heartbeat_does_not_stop_the_watcher():
+    clock = FakeClock()
+    store = FailingStore(MemoryStateStore())
+
+    def heartbeat():
+        raise PermissionDenied("NOPERM this user has no permissions to access a key")
+
+    watcher = StateWatcher(store, poll_s=0.01, staleness_s=5, clock=clock, heartbeat=heartbeat,
+                           heartbeat_s=0)
+    watcher.start()
+    try:
+        store.inner.compare_and_set(
+            RolloutState(), RolloutState(revision=1, canary_bp=7), actor="a", action="b", reason="c"
+        )
+        deadline = time.monotonic() + 5
+        while watcher.view().state.revision != 1:
+            assert time.monotonic() < deadline, "watcher stopped following changes"
+            time.sleep(0.01)
+        assert watcher.view().error is None
+    finally:
+        watcher.stop()

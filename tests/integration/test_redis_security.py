@@ -1,0 +1,102 @@
+"""Redis with TLS and least-privilege ACL users (ops/redis-users.acl)."""
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from rollout import DeploymentReport, PermissionDenied, Rollout, StoreUnavailable
+from rollout.redis_store import RedisStateStore
+from tests.servers import ACL_PASSWORDS, RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def secured():
+    server = RedisServer(acl=True, tls=True).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def app():
+    return f"sec-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def stores(secured, app):
+    operator = RedisStateStore(secured.url, app)
+    gateway = RedisStateStore(secured.url_for("gateway"), app)
+    yield operator, gateway
+    operator.close()
+    gateway.close()
+
+
+def test_operator_changes_the_state_over_tls(stores):
+    operator, _ = stores
+    _, state = Rollout(operator).set_canary(500, actor="alice", reason="first 5%")
+    assert operator.get() == state
+    assert operator.audit()[-1].actor == "alice"
+
+
+def test_gateway_reads_subscribes_and_reports_but_cannot_change_anything(stores, secured, app):
+    operator, gateway = stores
+    Rollout(operator).set_canary(500, actor="alice", reason="five")
+    subscription = gateway.subscribe()
+    try:
+        assert gateway.get().canary_bp == 500
+        assert gateway.state_at(1).canary_bp == 500
+        gateway.report_deployment(
+            DeploymentReport(gateway="gw", baseline_version="b", optimized_version="o", ts=1.0)
+        )
+        assert [r.gateway for r in operator.deployments()] == ["gw"]
+        with pytest.raises(PermissionDenied, match="no permissions"):
+            Rollout(gateway).set_canary(10_000, actor="gw", reason="sneaky")
+        with pytest.raises(PermissionDenied):
+            Rollout(gateway).kill(actor="gw", reason="not allowed either")
+        Rollout(operator).kill(actor="alice", reason="drill")
+        assert subscription.wait(2.0) is True
+    finally:
+        subscription.close()
+    raw = redis.Redis.from_url(secured.url_for("gateway"))
+    for attempt in (
+        lambda: raw.xadd(f"rollout:{app}:audit", {"forged": "entry"}),
+        lambda: raw.hset(f"rollout:{app}:state", "json", "{}"),
+        lambda: raw.delete(f"rollout:{app}:audit"),
+        lambda: raw.flushall(),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+    raw.close()
+    assert operator.get().kill is True and len(operator.audit()) == 2
+
+
+def test_plain_connection_to_a_tls_server_is_unavailable_without_secrets(secured):
+    url = f"redis://operator:{ACL_PASSWORDS['operator']}@127.0.0.1:{secured.port}/0"
+    store = RedisStateStore(url, "sec", timeout_s=1.0)
+    with pytest.raises(StoreUnavailable) as info:
+        store.get()
+    assert ACL_PASSWORDS["operator"] not in str(info.value)
+
+
+def test_cli_with_gateway_credentials_is_refused_cleanly(secured):
+    rollout_bin = Path(sys.executable).parent / "rollout"
+    env = dict(os.environ, REDIS_URL=secured.url_for("gateway"))
+    result = subprocess.run(
+        [str(rollout_bin), "canary", "5", "--reason", "try"], env=env,
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1
+    assert "may not change the rollout" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert ACL_PASSWORDS["gateway"] not in result.stderr + result.stdout
+    status = subprocess.run(
+        [str(rollout_bin), "status", "--json"], env=env, capture_output=True, text=True,
+        timeout=30,
+    )
+    assert status.returncode == 0  # reading is allowed
