@@ -60,7 +60,10 @@ class Settings(BaseSettings):
     max_items: int = Field(64, ge=1, le=10_000, description="inputs per request")
     max_item_chars: int = Field(8_192, ge=1, le=1_000_000, description="characters per input")
     max_total_chars: int = Field(131_072, ge=1, le=10_000_000, description="chars per request")
-    request_timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of a model call")
+    request_timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of a request")
+    canary_timeout_fraction: float = Field(
+        0.5, gt=0, le=1, description="share of the deadline the canary gets before the fallback"
+    )
 
     # --- Serve resources ---------------------------------------------------------------------
     gateway_num_cpus: float = Field(0.25, ge=0, le=64)

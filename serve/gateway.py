@@ -181,8 +181,12 @@ class Gateway:
     async def _call_with_fallback(
         self, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
     ) -> tuple[dict, bool]:
+        first_deadline = deadline
+        if arm is Arm.OPTIMIZED:  # leave the baseline retry its share of the deadline
+            budget = self.settings.request_timeout_s * self.settings.canary_timeout_fraction
+            first_deadline = min(deadline, time.perf_counter() + budget)
         try:
-            return await self._call(arm, texts, task, deadline), False
+            return await self._call(arm, texts, task, first_deadline), False
         except (ModelFailed, ModelTimeout, Overloaded) as exc:
             if arm is not Arm.OPTIMIZED:
                 raise
@@ -199,7 +203,7 @@ class Gateway:
         except TimeoutError:
             response.cancel()
             raise ModelTimeout(
-                f"the {arm.value} model did not answer within {self.settings.request_timeout_s:g} s"
+                f"the {arm.value} model did not answer within {remaining:.2f} s"
             ) from None
         except BackPressureError:
             raise Overloaded(f"the {arm.value} model's queue is full; retry later") from None
