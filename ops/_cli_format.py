@@ -82,8 +82,9 @@ def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list
             notes.append("serves another optimized version: routes 0% until a new share is set")
         text = (f"optimized {one_line(report.optimized_version)}, baseline "
                 f"{one_line(report.baseline_version)} (seen {age(now - report.ts)} ago)")
-        rows.append((f"gateway {one_line(report.gateway)}",
-                     text + (": " + "; ".join(notes) if notes else "")))
+        label = f"gateway {one_line(report.gateway)}"
+        rows.append((label, text + (": " + "; ".join(notes) if notes else "")))
+        rows.extend(("  event", one_line(event)) for event in report.events)
     return rows
 
 

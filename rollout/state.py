@@ -66,6 +66,8 @@ class DeploymentReport(BaseModel):
     baseline_version: str
     optimized_version: str
     ts: float
+    state_revision: int = 0  # the revision this gateway routes by
+    events: tuple[str, ...] = ()  # store outages and resets it lived through, newest last
 
 
 def parse_percent(text: str | float) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,10 @@ class StateView:
     stale: bool
     error: str | None  # the last refresh error, None once a read succeeds again
     loaded: bool  # a read has succeeded at least once
+    events: tuple[str, ...] = ()  # what happened to the store lately, newest last
+
+
+MAX_EVENTS = 5
 
 
 class StateWatcher:
@@ -61,6 +66,8 @@ class StateWatcher:
         self._state = RolloutState()
         self._read_at: float | None = None
         self._error: str | None = None
+        self._outage_since: float | None = None  # wall time of the current outage's first failure
+        self._events: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -68,8 +75,13 @@ class StateWatcher:
     def view(self) -> StateView:
         with self._lock:
             state, read_at, error = self._state, self._read_at, self._error
+            events = tuple(self._events)
         age = float("inf") if read_at is None else self.clock.monotonic() - read_at
-        return StateView(state, age, age > self.staleness_s, error, read_at is not None)
+        return StateView(state, age, age > self.staleness_s, error, read_at is not None, events)
+
+    def _event(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time()))
+        self._events = (self._events + [f"{stamp} {text}"])[-MAX_EVENTS:]
 
     def refresh(self) -> bool:
         """Read the state once; True on success. Never raises for store failures."""
@@ -78,16 +90,34 @@ class StateWatcher:
         except RolloutError as exc:
             self._failed(exc)
             return False
+        now = self.clock.monotonic()
         with self._lock:
             if self._error:
                 log.warning("rollout state readable again (revision %d)", state.revision)
-            self._state, self._read_at, self._error = state, self.clock.monotonic(), None
+                outage = self.clock.time() - (self._outage_since or self.clock.time())
+                failsafe = self._read_at is None or now - self._read_at > self.staleness_s
+                self._event(
+                    f"store reachable again after {outage:.1f} s"
+                    + (" (routed all to baseline meanwhile)" if failsafe else "")
+                    + f"; error was: {self._error}"
+                )
+            if state.revision < self._state.revision:
+                self._event(
+                    f"rollout state went back from revision {self._state.revision} to "
+                    f"{state.revision} (store restarted without its data?)"
+                )
+                log.warning("rollout state revision went backwards: %d -> %d",
+                            self._state.revision, state.revision)
+            self._state, self._read_at, self._error = state, now, None
+            self._outage_since = None
         return True
 
     def _failed(self, exc: Exception) -> None:
         with self._lock:
             first = self._error is None
             self._error = str(exc)
+            if first:
+                self._outage_since = self.clock.time()
         if first:
             log.warning("cannot refresh rollout state, serving on the cached copy: %s", exc)
 

@@ -108,13 +108,16 @@ class Gateway:
         self.watcher.start()
 
     def _report(self) -> None:
-        """Tell operators what this replica serves (its only Redis write; see README)."""
+        """Tell operators what this replica serves and what it went through (see README)."""
+        view = self.watcher.view()
         self.store.report_deployment(
             DeploymentReport(
                 gateway=self.identity,
                 baseline_version=self.models[Arm.BASELINE]["version"],
                 optimized_version=self.serving,
                 ts=time.time(),
+                state_revision=view.state.revision,
+                events=view.events,
             )
         )
 

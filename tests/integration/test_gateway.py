@@ -119,6 +119,42 @@ def test_redis_outage_fails_safe_to_baseline_and_recovers(gw):
     assert served["store_error"] is None
     gw.set_state(canary_bp=10_000)
     assert set(_arms(gw, [f"back-{i}" for i in range(50)]).values()) == {"optimized"}
+    events = _reported_events(gw, "went back from revision")
+    assert any("store restarted without its data" in e for e in events)
+
+
+def _reported_events(gw, fragment: str, timeout: float = 20.0) -> list[str]:
+    """The events gateways reported to operators, once one contains `fragment` (bounded)."""
+    control = gw.rollout()
+    deadline = time.monotonic() + timeout
+    while True:
+        events = [e for r in control.store.deployments() for e in r.events]
+        if any(fragment in e for e in events):
+            return events
+        assert time.monotonic() < deadline, f"no reported event with {fragment!r}: {events}"
+        time.sleep(0.2)
+
+
+def test_redis_paused_serving_goes_on_fails_safe_and_recovers(gw):
+    gw.set_state(canary_bp=10_000)
+    gw.redis.pause()
+    try:
+        deadline = time.monotonic() + 20
+        while not gw.served_state()["stale"]:
+            started = time.monotonic()
+            assert gw.predict(["while paused"]).status_code == 200
+            assert time.monotonic() - started < 2.0  # Redis is never on the request path
+            assert time.monotonic() < deadline, "gateway never noticed the pause"
+        assert set(_arms(gw, [f"p-{i}" for i in range(30)]).values()) == {"baseline"}
+    finally:
+        gw.redis.resume()
+    deadline = time.monotonic() + 20
+    while gw.served_state()["stale"]:
+        assert time.monotonic() < deadline, "gateway never recovered from the pause"
+        time.sleep(0.1)
+    assert set(_arms(gw, [f"p-{i}" for i in range(30)]).values()) == {"optimized"}
+    events = _reported_events(gw, "routed all to baseline meanwhile")
+    assert any("store reachable again" in e for e in events)
 
 
 def test_failed_canary_falls_back_to_baseline(gw):

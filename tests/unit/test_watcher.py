@@ -363,3 +363,41 @@ def test_a_failing_heartbeat_does_not_stop_the_watcher():
         assert watcher.view().error is None
     finally:
         watcher.stop()
+
+
+def test_an_outage_is_remembered_as_an_event_once_over(watcher, failing, rollout, clock):
+    rollout.set_canary(2_500, actor="alice", reason="quarter")
+    watcher.refresh()
+    failing.down.set()
+    assert not watcher.refresh()
+    clock.advance(STALENESS_S + 1)
+    assert not watcher.refresh()
+    assert watcher.view().events == ()  # nothing to say until it is over
+    failing.down.clear()
+    assert watcher.refresh()
+    [event] = watcher.view().events
+    assert f"store reachable again after {STALENESS_S + 1:.1f} s" in event
+    assert "routed all to baseline meanwhile" in event
+    assert "it is down" in event
+
+
+def test_a_short_outage_is_not_called_a_failsafe(watcher, failing, rollout, clock):
+    watcher.refresh()
+    failing.down.set()
+    watcher.refresh()
+    clock.advance(1)
+    failing.down.clear()
+    watcher.refresh()
+    [event] = watcher.view().events
+    assert "after 1.0 s" in event and "baseline" not in event
+
+
+def test_a_state_that_goes_back_in_revision_is_reported(watcher, memory, rollout):
+    rollout.set_canary(500, actor="alice", reason="five")
+    rollout.set_canary(600, actor="alice", reason="six")
+    watcher.refresh()
+    memory.__init__()  # the store lost its data (Redis restarted without persistence)
+    watcher.refresh()
+    assert watcher.view().state.revision == 0
+    [event] = watcher.view().events
+    assert "from revision 2 to 0" in event
