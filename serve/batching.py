@@ -1,0 +1,102 @@
+"""Token-budgeted execution of a merged batch, with out-of-memory splitting.
+
+A merged batch is a list of requests, each a list of token-id rows. Memory and time of one
+forward grow with rows x padded width, so rows are not forwarded all at once:
+
+1. Pack: rows are sorted by length and packed greedily into chunks whose padded cost
+   (`len(chunk) * longest row in it`) stays within `max_batch_tokens`. Sorting puts rows of
+   similar length together, which also wastes less on padding.
+2. Forward each chunk. If a chunk runs out of memory, it is split in halves and each half is
+   retried; a single row that still does not fit fails on its own.
+3. Reassemble rows in their original order, per request. A request any of whose rows failed
+   fails as a whole (all-or-nothing per request), with the indexes of its failed inputs; the
+   other requests of the batch are unaffected.
+
+Invariant: every row is forwarded exactly once or reported failed; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+class RowsDidNotFit(Exception):
+    """Some inputs of a request could not be processed even alone (out of memory)."""
+
+    def __init__(self, indexes: list[int], reason: str):
+        super().__init__(f"inputs {indexes} could not be processed: {reason}")
+        self.indexes = indexes
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Row:
+    request: int
+    index: int  # position within its request
+    ids: Sequence[int]
+
+
+def pack(rows: list[_Row], max_batch_tokens: int) -> list[list[_Row]]:
+    """Greedy, length-sorted packing under a padded-token budget (see module docstring)."""
+    chunks: list[list[_Row]] = []
+    current: list[_Row] = []
+    for row in sorted(rows, key=lambda r: len(r.ids)):
+        width = max(len(row.ids), 1)  # sorted ascending: the new row is the widest
+        if current and (len(current) + 1) * width > max_batch_tokens:
+            chunks.append(current)
+            current = []
+        current.append(row)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    )
+
+
+def run_budgeted(
+    requests: list[list[Sequence[int]]],
+    forward: Callable[[list[Sequence[int]]], torch.Tensor],
+    max_batch_tokens: int,
+) -> list[torch.Tensor | RowsDidNotFit]:
+    """Forward every row of every request under the budget; per request, its output rows in
+    order, or the RowsDidNotFit that failed it."""
+    rows = [_Row(r, i, ids) for r, request in enumerate(requests) for i, ids in enumerate(request)]
+    results: dict[tuple[int, int], torch.Tensor] = {}
+    failed: dict[int, list[int]] = {}
+    reasons: dict[int, str] = {}
+
+    def attempt(chunk: list[_Row]) -> None:
+        try:
+            out = forward([row.ids for row in chunk])
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            if len(chunk) == 1:
+                row = chunk[0]
+                failed.setdefault(row.request, []).append(row.index)
+                reasons[row.request] = "out of memory even alone"
+                return
+            middle = len(chunk) // 2
+            attempt(chunk[:middle])
+            attempt(chunk[middle:])
+            return
+        for row, vector in zip(chunk, out, strict=True):
+            results[(row.request, row.index)] = vector
+
+    for chunk in pack(rows, max_batch_tokens):
+        attempt(chunk)
+
+    answers: list[torch.Tensor | RowsDidNotFit] = []
+    for r, request in enumerate(requests):
+        if r in failed:
+            answers.append(RowsDidNotFit(sorted(failed[r]), reasons[r]))
+        else:
+            answers.append(torch.stack([results[(r, i)] for i in range(len(request))]))
+    return answers
