@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     max_item_chars: int = Field(8_192, ge=1, le=1_000_000, description="characters per input")
     max_total_chars: int = Field(131_072, ge=1, le=10_000_000, description="chars per request")
     request_timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of a request")
+    idempotency_ttl_s: float = Field(
+        86_400, ge=1, le=30 * 86_400, description="how long a response is kept for replays"
+    )
     canary_timeout_fraction: float = Field(
         0.5, gt=0, le=1, description="share of the deadline the canary gets before the fallback"
     )

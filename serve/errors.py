@@ -3,6 +3,8 @@
     GatewayError
     ├── InvalidInput      422  malformed JSON, wrong types, empty inputs, unknown task
     ├── InputTooLarge     413  more items, characters or bytes than the configured limits
+    ├── KeyReused         409  an Idempotency-Key already used for a different request
+    ├── InProgress        409  the first request with this Idempotency-Key is still running
     ├── Overloaded        503  a model's queue is full (with Retry-After)
     ├── ModelTimeout      504  the model call passed its deadline (and was cancelled)
     └── ModelFailed       503  the model raised or its replica died (with Retry-After)
@@ -31,6 +33,14 @@ class InvalidInput(GatewayError):
 
 class InputTooLarge(GatewayError):
     status, type = 413, "input_too_large"
+
+
+class KeyReused(GatewayError):
+    status, type = 409, "idempotency_key_reused"
+
+
+class InProgress(GatewayError):
+    status, type, retry_after = 409, "idempotency_in_progress", 1
 
 
 class Overloaded(GatewayError):

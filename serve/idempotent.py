@@ -1,0 +1,70 @@
+"""`Idempotency-Key` at the gateway: replay a repeated request's response instead of serving it
+again, refuse a reused key, and never let the idempotency store take serving down.
+
+The records live in Redis (rollout.idempotency). The store is reached off the event loop; when
+it cannot be reached the request is served without deduplication (fail open: inference has no
+side effects, and availability wins) and the response says so in `Idempotency-Status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+
+from rollout import RolloutError, Settings
+from rollout.idempotency import IdempotencyRecord, RedisIdempotencyStore, fingerprint
+from serve.errors import InProgress, InvalidInput, KeyReused
+
+log = logging.getLogger("canary.gateway")
+
+_KEY = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
+REPLAYED = {"Idempotency-Status": "replayed"}
+UNAVAILABLE = {"Idempotency-Status": "unavailable"}
+
+
+class Idempotency:
+    def __init__(self, settings: Settings):
+        self.store = RedisIdempotencyStore(
+            settings.redis_url, settings.app_name, ttl_s=settings.idempotency_ttl_s,
+            pending_ttl_s=settings.request_timeout_s * 2, timeout_s=settings.redis_timeout_s,
+        )
+
+    @staticmethod
+    def key_from(header: str | None) -> str | None:
+        if header is None:
+            return None
+        if not _KEY.fullmatch(header):
+            raise InvalidInput("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : @ + = / -")
+        return header
+
+    @staticmethod
+    def fingerprint(task: str, inputs: list[str]) -> str:
+        return fingerprint(task, json.dumps(inputs, ensure_ascii=False))
+
+    async def begin(self, key: str, fp: str) -> tuple[dict | None, bool]:
+        """(stored response to replay or None, whether this request owns the key)."""
+        try:
+            record = await asyncio.to_thread(self.store.claim, key, fp)
+        except RolloutError as exc:
+            log.warning("idempotency store unavailable, serving without it: %s", exc)
+            return None, False
+        if record is None:
+            return None, True
+        if record.fingerprint != fp:
+            raise KeyReused("this Idempotency-Key was already used for a different request")
+        if not record.done:
+            raise InProgress("a request with this Idempotency-Key is still being served")
+        return record.response, False
+
+    async def finish(self, key: str, fp: str, response: dict | None) -> None:
+        """Store the response (or, with None, release the key so a retry can run)."""
+        try:
+            if response is None:
+                await asyncio.to_thread(self.store.release, key)
+            else:
+                record = IdempotencyRecord(fp, True, response)
+                await asyncio.to_thread(self.store.complete, key, record)
+        except RolloutError as exc:
+            log.warning("could not record the idempotent response: %s", exc)
