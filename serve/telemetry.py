@@ -32,13 +32,8 @@ from opentelemetry.metrics import Meter, NoOpMeter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NoOpTracer, Tracer
 
@@ -90,19 +85,24 @@ class _QueuedSpan:
         return span_record(self.span, self.service)
 
 
-class SinkSpanExporter(SpanExporter):
-    """Hands finished spans to a TelemetrySink; never blocks, never fails the caller."""
+class SinkSpanProcessor(SpanProcessor):
+    """Hands each finished span to a TelemetrySink: one non-blocking queue put, nothing else
+    (the SDK's SimpleSpanProcessor would add a context switch and an export call per span)."""
 
     def __init__(self, sink: TelemetrySink, service: str):
         self.sink, self.service = sink, service
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        for span in spans:
-            self.sink.offer(_QueuedSpan(span, self.service))
-        return SpanExportResult.SUCCESS
+    def on_start(self, span, parent_context=None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.sink.offer(_QueuedSpan(span, self.service))
 
     def shutdown(self) -> None:
         pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
 
 
 class RequestLog:
@@ -169,8 +169,7 @@ class Telemetry:
         sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
         tracer_provider = TracerProvider(resource=resource, sampler=sampler)
         if self.sink is not None:
-            tracer_provider.add_span_processor(
-                SimpleSpanProcessor(SinkSpanExporter(self.sink, service)))
+            tracer_provider.add_span_processor(SinkSpanProcessor(self.sink, service))
         if "traces" in otlp:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

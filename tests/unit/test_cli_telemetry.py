@@ -144,3 +144,19 @@ def test_trace_by_id_as_json(telemetry):
     code, out, _ = run("traces", "--trace-id", TRACE, "--json", telemetry=telemetry)
     doc = json.loads(out)
     assert doc["trace_id"] == TRACE and len(doc["spans"]) == 7
+
+
+def test_the_cli_and_the_rollout_package_import_no_ray_torch_or_http():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, io; from ops import cli; from rollout import MemoryStateStore, "
+        "MemoryTelemetry; import rollout.redis_telemetry, rollout.sink, rollout.windows; "
+        "cli.main(['status'], store=MemoryStateStore(), telemetry=MemoryTelemetry(), "
+        "stdout=io.StringIO()); "
+        "heavy = {'ray', 'torch', 'transformers', 'fastapi', 'starlette', 'httpx', 'aiohttp'}; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
