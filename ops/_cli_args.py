@@ -75,8 +75,12 @@ _COMMANDS = {
     "status": (
         "show the canary share, kill switch and versions",
         "Show what every gateway routes by: the canary share, the kill switch, the share that\n"
-        "actually reaches the optimized model, the model versions and the last change.",
-        "examples:\n  rollout status\n  rollout status --json | jq .effective_percent",
+        "actually reaches the optimized model, the model versions and the last change; then,\n"
+        "per arm over the last --window seconds (from the gateways' telemetry in Redis):\n"
+        "request rate, success / error / timeout / retry rates, p50 / p99 latency, queue\n"
+        "length, mean batch size, compute time per answered call and cost per 1,000 calls.",
+        "examples:\n  rollout status\n  rollout status --window 300\n"
+        "  rollout status --json | jq .effective_percent",
     ),
     "canary": (
         "move the canary share (audited)",
@@ -111,6 +115,14 @@ _COMMANDS = {
         "`rollout canary` when the share moves by 50 points or more, or to 100%.",
         "examples:\n  rollout revert 7 --reason \"back to the last good share\"",
     ),
+    "traces": (
+        "list recent traces, or show one as a waterfall",
+        "List the newest traces the gateways kept in Redis, or show one trace (by request id\n"
+        "or trace id) as a waterfall: every span of the gateway and the model replica, its\n"
+        "start and duration in ms, and its key attributes.",
+        "examples:\n  rollout traces --last 20\n  rollout traces --request-id req-42\n"
+        "  rollout traces --trace-id 0af7651916cd43dd8448eb211c80319c --json",
+    ),
 }
 
 
@@ -144,10 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("canary", "unkill", "revert"):
         sub[name].add_argument("-y", "--yes", action="store_true",
                                help="do not ask for confirmation of a big move")
-    for name in ("status", "audit"):
+    for name in ("status", "audit", "traces"):
         sub[name].add_argument("--json", action="store_true", help="print JSON")
     sub["audit"].add_argument("--last", metavar="N", type=_positive,
                               help="only the newest N entries")
+    sub["status"].add_argument("--window", metavar="SECONDS", type=_positive, default=60,
+                               help="per-arm traffic over the last SECONDS (default 60)")
+    sub["traces"].add_argument("--last", metavar="N", type=_positive, default=20,
+                               help="list the newest N traces (default 20)")
+    which = sub["traces"].add_mutually_exclusive_group()
+    which.add_argument("--request-id", metavar="ID", type=_text("request id"),
+                       help="show the trace of this request as a waterfall")
+    which.add_argument("--trace-id", metavar="ID", type=_text("trace id"),
+                       help="show this trace as a waterfall")
     return parser
 
 

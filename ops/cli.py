@@ -6,6 +6,7 @@
     rollout unkill --reason TEXT [--yes]       hand the canary its share back
     rollout audit [--last N] [--json]          who changed what, when and why
     rollout revert REVISION --reason TEXT [--yes]
+    rollout traces [--last N | --request-id ID | --trace-id ID] [--json]
 
 Safe by default: every change names a reason and an actor and lands in the audit log; a change
 that moves the canary share, or the share actually routed to the canary, by 50 points or more,
@@ -29,6 +30,7 @@ from typing import IO
 
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
 from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
+from ops._cli_telemetry import arm_rows, trace_rows, waterfall
 from rollout import (
     BUCKETS,
     Clock,
@@ -43,8 +45,11 @@ from rollout import (
     StateStore,
     StoreUnavailable,
     SystemClock,
+    Traces,
+    Windows,
     format_bp,
     open_store,
+    open_telemetry,
 )
 from rollout.control import DEPLOYMENT_TTL_S
 
@@ -53,6 +58,10 @@ BIG_MOVE_BP = BUCKETS // 2  # a move of 50 points or more needs confirmation
 
 class Aborted(Exception):
     """The operator declined to confirm: exit 1."""
+
+
+class NotFound(Exception):
+    """What the operator asked to see is not recorded: exit 1."""
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -68,6 +77,8 @@ class _Context:
     stdin: IO[str]
     interactive: bool
     where: str = ""
+    telemetry: object | None = None  # source of Windows and Traces; None: not shown
+    app: str = "default"
 
     @property
     def actor(self) -> str:
@@ -108,13 +119,28 @@ def _big_move(before: RolloutState, after: RolloutState) -> bool:
     return False
 
 
+def _traffic(ctx: _Context) -> tuple[dict | None, str | None]:
+    """Per-arm window statistics, or why there are none; never fails the status command."""
+    try:
+        windows = Windows(ctx.telemetry, ctx.app, clock=ctx.clock)
+        return windows.arms(ctx.args.window), None
+    except StoreUnavailable as exc:
+        return None, str(exc)
+
+
 def _status(ctx: _Context) -> int:
     state = ctx.rollout.state()
     reports = ctx.rollout.store.deployments()
+    traffic, problem = _traffic(ctx) if ctx.telemetry is not None else (None, None)
     if ctx.args.json:
         doc = state.model_dump(mode="json")
         doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100,
                    gateways=[r.model_dump(mode="json") for r in reports])
+        if ctx.telemetry is not None:
+            doc["traffic"] = {
+                "window_s": ctx.args.window, "error": problem,
+                "arms": {arm: s.as_dict() for arm, s in traffic.items()} if traffic else None,
+            }
         ctx.say(json.dumps(doc))
         return 0
     now = ctx.clock.time()
@@ -123,6 +149,51 @@ def _status(ctx: _Context) -> int:
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         ctx.say(f"{label:<{width}}  {value}")
+    if ctx.telemetry is None:
+        return 0
+    ctx.say("")
+    if problem:
+        ctx.say(f"traffic: unavailable ({one_line(problem)})")
+    elif not any(s.requests or s.calls for s in traffic.values()):
+        ctx.say(f"traffic: no requests recorded in the last {ctx.args.window}s")
+    else:
+        ctx.say(f"traffic over the last {ctx.args.window}s:")
+        for line in arm_rows(traffic):
+            ctx.say(line)
+    return 0
+
+
+def _traces(ctx: _Context) -> int:
+    if ctx.telemetry is None:
+        raise UsageError("no telemetry store to read traces from")
+    traces = Traces(ctx.telemetry)
+    args = ctx.args
+    if args.request_id or args.trace_id:
+        if args.request_id:
+            found = traces.by_request(args.request_id)
+            trace_id, spans = found if found else (None, [])
+        else:
+            trace_id, spans = args.trace_id, traces.get(args.trace_id)
+        if not spans:
+            what = f"request {args.request_id}" if args.request_id else f"trace {trace_id}"
+            raise NotFound(f"no trace recorded for {what} (expired, not sampled, or "
+                           "telemetry off)")
+        if args.json:
+            ctx.say(json.dumps({"trace_id": trace_id, "spans": spans}))
+            return 0
+        duration = (max(s["end"] for s in spans) - min(s["start"] for s in spans)) * 1000
+        ctx.say(f"trace {trace_id}: {len(spans)} spans, {duration:.2f} ms")
+        for line in waterfall(spans):
+            ctx.say(line)
+        return 0
+    summaries = traces.recent(args.last)
+    if args.json:
+        ctx.say(json.dumps([t.as_dict() for t in summaries]))
+    elif not summaries:
+        ctx.say("no traces recorded")
+    else:
+        for line in trace_rows(summaries):
+            ctx.say(line)
     return 0
 
 
@@ -201,7 +272,7 @@ def _audit(ctx: _Context) -> int:
 
 _HANDLERS = {
     "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
-    "audit": _audit, "revert": _revert,
+    "audit": _audit, "revert": _revert, "traces": _traces,
 }
 
 
@@ -210,26 +281,31 @@ _HANDLERS = {
 
 def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = None,
          stdin: IO[str] | None = None, stdout: IO[str] | None = None,
-         stderr: IO[str] | None = None) -> int:
-    """Run one command and return its exit code. Tests inject the store, clock and streams;
-    without a store, Settings() and the Redis store are built from the environment and flags."""
+         stderr: IO[str] | None = None, telemetry=None) -> int:
+    """Run one command and return its exit code. Tests inject the store, telemetry source,
+    clock and streams; without a store, Settings() and the Redis stores (state and telemetry)
+    are built from the environment and flags."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     interactive = stdin is not None or _isatty(sys.stdin)
-    opened = None
+    opened = opened_telemetry = None
     try:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return exc.code if isinstance(exc.code, int) else 0
-        where = ""
+        where, app = "", "default"
         if store is None:
             settings = settings_from(args)
             store = opened = open_store(settings)
-            where = _where(settings)
+            where, app = _where(settings), settings.app_name
+            if telemetry is None and args.command in ("status", "traces"):
+                telemetry = opened_telemetry = open_telemetry(settings)
+        else:
+            app = getattr(store, "app", app)
         clock = clock or SystemClock()
         ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
-                       interactive, where)
+                       interactive, where, telemetry, app)
         return _HANDLERS[args.command](ctx)
     except KeyboardInterrupt:
         return _fail(err, "interrupted", 130, prefix="\n")
@@ -240,6 +316,8 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
     except PermissionDenied as exc:
         return _fail(err, f"error: {exc} (this Redis user may not change the rollout; use an "
                           "operator's credentials)", 1)
+    except NotFound as exc:
+        return _fail(err, f"error: {exc}", 1)
     except RevisionConflict as exc:
         return _fail(err, f"error: {exc}: nothing was changed; check `rollout status` and "
                           "try again", 1)
@@ -255,9 +333,10 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
     except Exception as exc:  # a bug or an unexpected store reply: still one line, no traceback
         return _fail(err, f"error: unexpected {type(exc).__name__}: {exc}", 1)
     finally:
-        if opened is not None:
-            with contextlib.suppress(Exception):
-                opened.close()
+        for resource in (opened, opened_telemetry):
+            if resource is not None:
+                with contextlib.suppress(Exception):
+                    resource.close()
 
 
 def _fail(err: IO[str], message: str, code: int, prefix: str = "") -> int:

@@ -1,4 +1,5 @@
-"""Rollout logic, free of Ray and HTTP: state, store, routing policy, audited changes."""
+"""Rollout logic, free of Ray and HTTP: state, store, routing policy, audited changes, and the
+telemetry it is judged by (per-arm windows, recent traces, the sink that writes them)."""
 
 from rollout.clock import Clock, FakeClock, SystemClock
 from rollout.control import Rollout
@@ -12,6 +13,7 @@ from rollout.errors import (
 )
 from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
 from rollout.settings import Settings
+from rollout.sink import TelemetrySink
 from rollout.state import (
     BUCKETS,
     AuditEntry,
@@ -21,15 +23,18 @@ from rollout.state import (
     parse_percent,
 )
 from rollout.store import MemoryStateStore, StateStore, Subscription
+from rollout.traces import MemoryTelemetry, Traces, TraceSummary
 from rollout.watcher import StateView, StateWatcher
+from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
 
 __all__ = [
-    "Arm", "AuditEntry", "BUCKETS", "Clock", "Decision", "DeploymentReport", "FakeClock",
-    "InvalidChange", "PermissionDenied",
-    "MemoryStateStore", "Reason", "RevisionConflict", "RevisionNotFound", "Rollout",
-    "RolloutError", "RolloutState", "Settings", "StateStore", "StateView", "StateWatcher",
-    "StoreUnavailable", "Subscription", "SystemClock", "bucket_of", "decide", "effective_bp", "format_bp",
-    "open_store", "parse_percent",
+    "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock", "Decision",
+    "DeploymentReport", "FakeClock", "InvalidChange", "MemoryStateStore", "MemoryTelemetry",
+    "PermissionDenied", "Reason", "RequestRecord", "RevisionConflict", "RevisionNotFound",
+    "Rollout", "RolloutError", "RolloutState", "Settings", "StateStore", "StateView",
+    "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock", "TelemetrySink",
+    "TraceSummary", "Traces", "Windows", "bucket_of", "decide", "effective_bp", "format_bp",
+    "open_store", "open_telemetry", "parse_percent",
 ]
 
 
@@ -38,3 +43,14 @@ def open_store(settings: Settings) -> StateStore:
     from rollout.redis_store import RedisStateStore
 
     return RedisStateStore(settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s)
+
+
+def open_telemetry(settings: Settings):
+    """The Redis telemetry store named by the settings: the source of `Windows` and `Traces`."""
+    from rollout.redis_telemetry import RedisTelemetry
+
+    return RedisTelemetry(
+        settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s,
+        max_traces=settings.telemetry_max_traces, trace_ttl_s=settings.telemetry_trace_ttl_s,
+        window_ttl_s=settings.telemetry_window_ttl_s,
+    )

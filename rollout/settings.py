@@ -75,6 +75,32 @@ class Settings(BaseSettings):
     model_max_ongoing_requests: int = Field(64, ge=1, le=10_000)
     gateway_max_ongoing_requests: int = Field(256, ge=1, le=100_000)
 
+    # --- telemetry ---------------------------------------------------------------------------
+    telemetry_enabled: bool = Field(
+        True, description="traces, metrics and request logs; off: none of them (no overhead)"
+    )
+    trace_sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="share of new traces recorded (an incoming one is followed)"
+    )
+    telemetry_redis: bool = Field(
+        True, description="keep recent traces and per-arm windows in Redis (the embedded sink)"
+    )
+    telemetry_queue_size: int = Field(
+        10_000, ge=10, le=1_000_000, description="sink queue; items beyond it are dropped"
+    )
+    telemetry_flush_s: float = Field(0.5, gt=0, le=60, description="sink write interval")
+    telemetry_max_traces: int = Field(
+        2_000, ge=10, le=1_000_000, description="recent traces kept in Redis"
+    )
+    telemetry_trace_ttl_s: int = Field(3_600, ge=10, le=30 * 86_400)
+    telemetry_window_ttl_s: int = Field(
+        3_600, ge=60, le=30 * 86_400, description="how long per-arm 1-second windows are kept"
+    )
+    request_log: bool = Field(True, description="one JSON line per request on stderr")
+    device_hour_price: float = Field(
+        0.0, ge=0, le=1_000_000, description="price of one device-hour, for cost per request"
+    )
+
     @field_validator("labels", mode="before")
     @classmethod
     def _split_labels(cls, value):

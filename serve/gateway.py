@@ -5,6 +5,10 @@ state (never a Redis call on this path) -> call that arm's model deployment with
 deadline -> if the *optimized* arm fails or times out, retry once on baseline within what is left
 of the deadline (`fallback: true`); a baseline failure is never retried onto the canary ->
 respond with `X-Request-ID`, `X-Canary-Arm` (the arm that answered) and `Server-Timing`.
+
+Telemetry (serve.observe) follows the request: a span per step in one trace that the model
+replica joins, per-arm metrics (also on `GET /metrics` for Prometheus), a Redis window record and
+one JSON log line. It never decides anything: with telemetry off the request path is the same.
 """
 
 import asyncio
@@ -14,7 +18,7 @@ import socket
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
@@ -42,7 +46,9 @@ from serve.errors import (
     id_headers,
     to_response,
 )
+from serve.observe import Observation, Observer
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
+from serve.telemetry import Telemetry
 
 log = logging.getLogger("canary.gateway")
 
@@ -98,6 +104,8 @@ class Gateway:
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
         self.serving = infos[1]["version"]
         self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
+        self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True)
+        self.observer = Observer(self.telemetry)
         self.store = open_store(settings)
         self.watcher = StateWatcher(
             self.store,
@@ -125,33 +133,48 @@ class Gateway:
         watcher = getattr(self, "watcher", None)
         if watcher is not None:
             watcher.stop(timeout=1)
+        telemetry = getattr(self, "telemetry", None)
+        if telemetry is not None:
+            telemetry.shutdown()
 
     @api.post("/v1/predict")
     async def predict(self, request: Request) -> JSONResponse:
         start = time.perf_counter()
         rid, incoming = _ids(request)
+        obs = self.observer.start(rid, request.headers)
         try:
             body = await self._read_body(request)
             parsed = parse_predict(body, self.settings)
             task = parsed.task or self.settings.default_task
+            obs.parsed(parsed.inputs, task)
             if task not in self.tasks:
                 raise InvalidInput(f"task {task!r} is not supported by this model")
             key = (request.headers.get("x-routing-key") or rid)[:MAX_ROUTING_KEY]
+            routing = time.perf_counter()
             view = self.watcher.view()
             decision = decide(
                 view.state, key, stale=view.stale, salt=self.settings.routing_salt,
                 serving=self.serving,
             )
+            obs.route(decision, view, routing)
             deadline = start + self.settings.request_timeout_s
             result, fallback = await self._call_with_fallback(
-                decision.arm, parsed.inputs, task, deadline, rid
+                obs, decision.arm, parsed.inputs, task, deadline, rid
             )
         except GatewayError as exc:
+            obs.finish(exc.status, error_type=exc.type)
             return to_response(exc, rid, incoming)
+        except asyncio.CancelledError:  # the client went away
+            obs.finish(499, error_type="cancelled")
+            raise
+        except Exception:
+            obs.finish(500, error_type="internal_error")
+            raise
         total_ms = (time.perf_counter() - start) * 1000
         timing = dict(result["timing"])
         timing["gateway"] = max(total_ms - sum(timing.values()), 0.0)
         timing["total"] = total_ms
+        obs.finish(200, arm=result["arm"], fallback=fallback, gateway_ms=timing["gateway"])
         headers = {
             **id_headers(rid, incoming),
             "X-Canary-Arm": result["arm"],
@@ -182,25 +205,35 @@ class Gateway:
         return b"".join(chunks)
 
     async def _call_with_fallback(
-        self, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
+        self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
     ) -> tuple[dict, bool]:
         first_deadline = deadline
         if arm is Arm.OPTIMIZED:  # leave the baseline retry its share of the deadline
             budget = self.settings.request_timeout_s * self.settings.canary_timeout_fraction
             first_deadline = min(deadline, time.perf_counter() + budget)
         try:
-            return await self._call(arm, texts, task, first_deadline), False
+            return await self._call(obs, arm, texts, task, first_deadline), False
         except (ModelFailed, ModelTimeout, Overloaded) as exc:
             if arm is not Arm.OPTIMIZED:
                 raise
             log.warning("request %s: optimized arm failed (%s), retrying on baseline", rid, exc.type)
-        return await self._call(Arm.BASELINE, texts, task, deadline), True
+        return await self._call(obs, Arm.BASELINE, texts, task, deadline), True
 
-    async def _call(self, arm: Arm, texts: list[str], task: str, deadline: float) -> dict:
+    async def _call(
+        self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float
+    ) -> dict:
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             raise ModelTimeout(f"no time left for the {arm.value} model within the deadline")
-        response = self.handles[arm].predict.remote(texts, task)
+        with obs.call(arm.value) as call:
+            result = await self._remote(arm, texts, task, remaining, call.carrier)
+            call.answered(result)
+            return result
+
+    async def _remote(
+        self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
+    ) -> dict:
+        response = self.handles[arm].predict.remote(texts, task, carrier)
         try:
             return await asyncio.wait_for(response, timeout=remaining)
         except TimeoutError:
@@ -233,6 +266,12 @@ class Gateway:
             "store_error": view.error,
             "serving": {arm.value: info["version"] for arm, info in self.models.items()},
         }
+
+    @api.get("/metrics")
+    async def metrics(self) -> Response:
+        """Prometheus text exposition of this replica's metrics (empty with telemetry off)."""
+        return Response(self.telemetry.prometheus_text(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @api.get("/healthz")
     async def healthz(self) -> dict:

@@ -4,7 +4,9 @@ Path of one request inside a replica: tokenize on the replica's event loop (fast
 queue into `@serve.batch`, which merges up to `max_batch_size` requests or waits at most
 `batch_wait_ms` -> one forward of the merged, padded batch in a worker thread (so tokenizing the
 next requests overlaps the forward) -> postprocess back on the event loop. Every response says
-how long each stage took and how large its batch was.
+how long each stage took, how large its batch was and how many requests were queued ahead of it
+(`queue`: requests waiting in this replica for a batch when it joined). Given the caller's trace
+carrier, the replica records its spans into that trace afterwards (serve.tracing).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 from ray import serve
 
 from rollout.settings import Settings
+from serve.telemetry import Telemetry
+from serve.tracing import Marks, WallClock, record_model_spans
 from serve.variants import Encoded, Variant
 
 
@@ -26,6 +30,14 @@ from serve.variants import Encoded, Variant
 class _Queued:
     encoded: Encoded
     enqueued: float
+    server: ModelServer
+    waiting: bool = True
+
+    def leave(self) -> None:
+        """Out of the queue (into a batch, or cancelled); counted once."""
+        if self.waiting:
+            self.waiting = False
+            self.server.waiting -= 1
 
 
 @dataclass
@@ -35,6 +47,10 @@ class _Forwarded:
     model_ms: float
     batch_requests: int
     batch_items: int
+    batch_id: int
+    batch_start: float
+    forward_start: float
+    forward_end: float
 
 
 def _ms(seconds: float) -> float:
@@ -50,6 +66,9 @@ class ModelServer:
         self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
         self.fault_delay_s, self.fault_error = 0.0, False
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
+        self.waiting = 0  # requests queued for a batch in this replica
+        self._batches = 0
+        self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
 
     def reconfigure(self, user_config: dict) -> None:
@@ -82,44 +101,84 @@ class ModelServer:
             "batch_wait_ms": self.batch_wait_ms,
         }
 
-    async def predict(self, texts: list[str], task: str) -> dict:
-        start = time.perf_counter()
-        encoded = self.variant.encode(texts)
-        queued = time.perf_counter()
-        forwarded: _Forwarded = await self._batched(_Queued(encoded, queued))
-        post_start = time.perf_counter()
-        outputs = self.variant.postprocess(task, forwarded.rows)
-        done = time.perf_counter()
+    async def predict(self, texts: list[str], task: str, trace: dict | None = None) -> dict:
+        """`trace`: the caller's W3C trace carrier (`traceparent`), to join its trace."""
+        clock = WallClock() if trace and self.telemetry.enabled else None
+        marks = Marks(time.perf_counter())
+        queue_length = self.waiting
+        forwarded: _Forwarded | None = None
+        try:
+            encoded = self.variant.encode(texts)
+            marks.queued = time.perf_counter()
+            item = _Queued(encoded, marks.queued, self)
+            self.waiting += 1
+            try:
+                forwarded = await self._batched(item)
+            finally:
+                item.leave()
+            marks.batch_start, marks.forward_start, marks.forward_end = (
+                forwarded.batch_start, forwarded.forward_start, forwarded.forward_end)
+            marks.post_start = time.perf_counter()
+            outputs = self.variant.postprocess(task, forwarded.rows)
+            marks.done = time.perf_counter()
+        except BaseException as exc:
+            if clock is not None:
+                self._spans(trace, clock, marks, texts, task, queue_length, forwarded, exc)
+            raise
+        if clock is not None:
+            self._spans(trace, clock, marks, texts, task, queue_length, forwarded)
         return {
             "arm": self.arm,
             "model_version": self.variant.version,
             "outputs": outputs,
             "tokens": encoded.tokens,
             "batch": {"requests": forwarded.batch_requests, "items": forwarded.batch_items},
+            "queue": queue_length,
             "timing": {
-                "preprocess": _ms(queued - start),
+                "preprocess": _ms(marks.queued - marks.start),
                 "queue": forwarded.queue_ms,
                 "model": forwarded.model_ms,
-                "postprocess": _ms(done - post_start),
+                "postprocess": _ms(marks.done - marks.post_start),
             },
         }
+
+    def _spans(self, carrier, clock, marks, texts, task, queue_length, forwarded, error=None):
+        batch = None if forwarded is None else {
+            "requests": forwarded.batch_requests, "items": forwarded.batch_items,
+            "id": forwarded.batch_id}
+        attrs = {"canary.arm": self.arm, "canary.model_version": self.variant.version,
+                 "canary.items": len(texts), "canary.task": task}
+        record_model_spans(self.telemetry.tracer, carrier, clock, marks, attrs,
+                           queue_length=queue_length, batch=batch, error=error)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def _batched(self, queued: list[_Queued]) -> list[_Forwarded]:
         started = time.perf_counter()
+        for item in queued:
+            item.leave()
+        self._batches += 1
+        batch_id = self._batches
         if self.fault_delay_s:
             await asyncio.sleep(self.fault_delay_s)
         if self.fault_error:
             raise RuntimeError(f"injected fault in the {self.arm} model")
         batch = [item.encoded for item in queued]
         loop = asyncio.get_running_loop()
+        forward_start = time.perf_counter()
         rows = await loop.run_in_executor(self._forward_pool, self.variant.embed_batch, batch)
-        model_ms = _ms(time.perf_counter() - started)
+        forward_end = time.perf_counter()
+        model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
         return [
-            _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items)
+            _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items, batch_id,
+                       started, forward_start, forward_end)
             for r, item in zip(rows, queued)
         ]
+
+    def __del__(self):
+        telemetry = getattr(self, "telemetry", None)
+        if telemetry is not None:
+            telemetry.shutdown()
 
     def check_health(self) -> None:
         if self.variant.model is None:

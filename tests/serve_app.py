@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from rollout import Rollout, RolloutState, Settings, open_store
+from rollout import Rollout, RolloutState, Settings, Traces, Windows, open_store, open_telemetry
 from tests.servers import RedisServer, free_port
 from tests.tiny_model import make_tiny_encoder
 
@@ -24,9 +24,14 @@ class GatewayApp:
     client: httpx.Client
     live: dict = field(default_factory=dict)
 
+    @property
+    def operator(self) -> Settings:
+        """The settings with the operator's Redis user (the gateway's may read only its part)."""
+        return self.settings.model_copy(update={"redis_url": self.redis.url})
+
     def rollout(self) -> Rollout:
-        """Audited changes with the operator's Redis user (the gateway's may only read)."""
-        return Rollout(open_store(self.settings.model_copy(update={"redis_url": self.redis.url})))
+        """Audited changes, as an operator."""
+        return Rollout(open_store(self.operator))
 
     def served_state(self) -> dict:
         return self.client.get("/v1/rollout").json()
@@ -63,6 +68,26 @@ class GatewayApp:
     def predict(self, inputs, **headers) -> httpx.Response:
         return self.client.post("/v1/predict", json={"inputs": inputs}, headers=headers)
 
+    def telemetry(self):
+        """The telemetry store in Redis, read as an operator (close it after use)."""
+        return open_telemetry(self.operator)
+
+    def windows(self, store) -> Windows:
+        return Windows(store, self.settings.app_name)
+
+    def wait_for_trace(self, store, request_id: str, *names: str, timeout: float = 15.0):
+        """The trace of `request_id` once it holds spans with all `names` (bounded wait:
+        spans reach Redis from two processes through their sinks)."""
+        traces = Traces(store)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = traces.by_request(request_id)
+            if found and set(names) <= {span["name"] for span in found[1]}:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"trace of {request_id} never had {names}: {found}")
+            time.sleep(0.05)
+
 
 def start_gateway(tmp: Path, **overrides) -> GatewayApp:
     import ray
@@ -74,12 +99,13 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
     redis = RedisServer(acl=True, tls=True).start()
     model = make_tiny_encoder(tmp / "tiny-encoder")
     port = free_port()
-    settings = Settings(
-        redis_url=redis.url_for("gateway"), app_name=APP, model_path=str(model), state_poll_s=0.2,
-        state_staleness_s=1.5, request_timeout_s=5.0, max_items=8, max_item_chars=200,
-        max_total_chars=800, gateway_num_cpus=0.1, model_num_cpus=0.1, max_batch_size=8,
-        batch_wait_ms=2.0, torch_threads=1, **overrides,
-    )
+    settings = Settings(**{
+        "redis_url": redis.url_for("gateway"), "app_name": APP, "model_path": str(model),
+        "state_poll_s": 0.2, "state_staleness_s": 1.5, "request_timeout_s": 5.0, "max_items": 8,
+        "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
+        "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
+        "telemetry_flush_s": 0.05, "device_hour_price": 3.6, **overrides,
+    })
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build(settings), name="canary", route_prefix="/")

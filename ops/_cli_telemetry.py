@@ -1,0 +1,96 @@
+"""Plain-text views of telemetry for the `rollout` CLI: the per-arm table and trace waterfalls."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ops._cli_format import one_line, table, when
+from rollout import ArmStats, TraceSummary
+from rollout.traces import roots
+
+ARM_HEADERS = ("ARM", "REQ/S", "SUCCESS", "ERRORS", "TIMEOUTS", "RETRIES", "P50 MS", "P99 MS",
+               "QUEUE", "BATCH", "COMPUTE MS", "COST/1K")
+# span attributes worth a glance in a waterfall, with their short names
+_SHOWN = (
+    ("http.response.status_code", "status"), ("canary.arm", "arm"),
+    ("canary.routed_arm", "routed"), ("canary.fallback", "fallback"),
+    ("canary.reason", "reason"), ("canary.bucket", "bucket"), ("canary.share_bp", "share_bp"),
+    ("canary.kill", "kill"), ("canary.state_revision", "rev"), ("canary.attempt", "attempt"),
+    ("canary.outcome", "outcome"), ("canary.queue.length", "queued"),
+    ("canary.batch.requests", "batch"), ("canary.batch.items", "items"),
+    ("canary.batch.id", "batch_id"), ("error.type", "error"),
+)
+BAR = 24
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def arm_rows(stats: Mapping[str, ArmStats]) -> list[str]:
+    rows = [
+        (s.arm, _num(s.request_rate, 2), _pct(s.success_rate), _pct(s.error_rate),
+         _pct(s.timeout_rate), _pct(s.retry_rate), _num(s.p50_ms), _num(s.p99_ms),
+         _num(s.queue_mean), _num(s.batch_mean), _num(s.compute_ms, 2),
+         "-" if s.cost_per_1k is None else f"{s.cost_per_1k:.6f}")
+        for s in stats.values()
+    ]
+    return table(ARM_HEADERS, rows)
+
+
+def trace_rows(summaries: Sequence[TraceSummary]) -> list[str]:
+    rows = [
+        (when(t.start), t.trace_id, t.request_id or "-", t.arm or "-",
+         "-" if t.status is None else str(t.status), f"{t.duration_ms:.1f}",
+         str(t.spans), "fallback" if t.fallback else "")
+        for t in summaries
+    ]
+    return table(("TIME", "TRACE", "REQUEST", "ARM", "STATUS", "MS", "SPANS", ""), rows)
+
+
+def _attrs(span: Mapping) -> str:
+    attrs = span.get("attrs", {})
+    shown = [f"{short}={attrs[key]}" for key, short in _SHOWN if key in attrs]
+    if span.get("status") == "error" and "error.type" not in attrs:
+        shown.append("error")
+    return one_line(" ".join(shown))
+
+
+def waterfall(spans: Sequence[Mapping]) -> list[str]:
+    """One trace as an indented tree: offset and duration in ms, a bar on a common time axis."""
+    if not spans:
+        return []
+    start = min(s["start"] for s in spans)
+    total = max(max(s["end"] for s in spans) - start, 1e-9)
+    children: dict[str | None, list[Mapping]] = {}
+    ids = {s["span_id"] for s in spans}
+    for span in spans:
+        parent = span.get("parent_id") if span.get("parent_id") in ids else None
+        children.setdefault(parent, []).append(span)
+    lines: list[tuple[str, str, str, str, str, str]] = []
+
+    def walk(span: Mapping, lead: str, tail: str) -> None:
+        offset, duration = span["start"] - start, span["end"] - span["start"]
+        left = min(BAR - 1, int(offset / total * BAR))
+        width = max(1, round(duration / total * BAR))
+        bar = " " * left + "#" * min(width, BAR - left)
+        lines.append((lead + one_line(span["name"]), one_line(span.get("service", "")),
+                      f"{offset * 1000:.2f}", f"{duration * 1000:.2f}", f"|{bar:<{BAR}}|",
+                      _attrs(span)))
+        kids = sorted(children.get(span["span_id"], []), key=lambda s: s["start"])
+        for i, kid in enumerate(kids):
+            last = i == len(kids) - 1
+            walk(kid, tail + ("`- " if last else "|- "), tail + ("   " if last else "|  "))
+
+    for root in roots(spans):
+        walk(root, "", "")
+    # not table(): its cells are stripped, and the tree's indentation must survive
+    rows = [("SPAN", "SERVICE", "START MS", "MS", "", "ATTRIBUTES"), *lines]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    padded = (["  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)), row[5]]
+              for row in rows)
+    return ["  ".join(cells).rstrip() for cells in padded]

@@ -1,0 +1,117 @@
+"""The embedded telemetry store in Redis: the sink's writer, and the readers' source.
+
+Writes (from the sink's thread, one pipeline per batch): per-arm window increments
+(rollout.windows) and span records (rollout.traces). Every key it writes expires, the trace
+index is trimmed to the newest `max_traces` and each trace to `MAX_SPANS` spans, so the
+telemetry in Redis stays bounded whatever the traffic.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from rollout.errors import StoreUnavailable
+from rollout.redis_store import _UNAVAILABLE, _unavailable
+from rollout.traces import SpanRecord, index_key, request_key, trace_key
+from rollout.windows import RequestRecord, merge_fields
+
+MAX_SPANS = 256  # per trace
+
+
+@dataclass(frozen=True)
+class WindowItem:
+    """A finished request for the windows, stamped with its wall-clock time."""
+
+    ts: float
+    record: RequestRecord
+
+
+class RedisTelemetry:
+    def __init__(
+        self,
+        url: str,
+        app: str,
+        *,
+        timeout_s: float = 2.0,
+        max_traces: int = 2_000,
+        trace_ttl_s: int = 3_600,
+        window_ttl_s: int = 3_600,
+    ):
+        self.url, self.app = url, app
+        self.max_traces, self.trace_ttl_s, self.window_ttl_s = max_traces, trace_ttl_s, window_ttl_s
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
+        )
+
+    # --- writer ---------------------------------------------------------------------------
+
+    def write(self, items: Sequence[object]) -> None:
+        """Write a batch of WindowItem and span items (span records, or objects with a
+        `span_record()` method that returns one). Raises StoreUnavailable when Redis fails."""
+        windows, spans = [], []
+        for item in items:
+            if isinstance(item, WindowItem):
+                windows.append((item.ts, item.record))
+            else:
+                spans.append(item if isinstance(item, Mapping) else item.span_record())
+        pipe = self._client.pipeline(transaction=False)
+        for key, fields in merge_fields(windows, self.app).items():
+            for name, amount in fields.items():
+                pipe.hincrbyfloat(key, name, amount)
+            pipe.expire(key, self.window_ttl_s)
+        if spans:
+            self._write_spans(pipe, spans)
+        self._call(pipe.execute)
+
+    def _write_spans(self, pipe, spans: list[SpanRecord]) -> None:
+        by_trace: dict[str, list[SpanRecord]] = {}
+        for span in spans:
+            by_trace.setdefault(span["trace_id"], []).append(span)
+        index = index_key(self.app)
+        for trace_id, records in by_trace.items():
+            key = trace_key(self.app, trace_id)
+            pipe.rpush(key, *(json.dumps(r, separators=(",", ":")) for r in records))
+            pipe.ltrim(key, 0, MAX_SPANS - 1)
+            pipe.expire(key, self.trace_ttl_s)
+            pipe.zadd(index, {trace_id: min(r["start"] for r in records)}, lt=True)
+            for record in records:
+                request_id = record.get("attrs", {}).get("canary.request_id")
+                if request_id:
+                    pipe.set(request_key(self.app, request_id), trace_id, ex=self.trace_ttl_s)
+        pipe.zremrangebyrank(index, 0, -(self.max_traces + 1))
+
+    # --- sources for rollout.windows.Windows and rollout.traces.Traces ----------------------
+
+    def hashes(self, keys: list[str]) -> list[Mapping[str, str]]:
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        return self._call(pipe.execute)
+
+    def recent_ids(self, last: int) -> list[str]:
+        return self._call(self._client.zrevrange, index_key(self.app), 0, last - 1)
+
+    def spans(self, trace_ids: list[str]) -> list[list[SpanRecord]]:
+        pipe = self._client.pipeline(transaction=False)
+        for trace_id in trace_ids:
+            pipe.lrange(trace_key(self.app, trace_id), 0, -1)
+        rows = self._call(pipe.execute)
+        return [[json.loads(raw) for raw in row] for row in rows]
+
+    def trace_of_request(self, request_id: str) -> str | None:
+        return self._call(self._client.get, request_key(self.app, request_id))
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc, self.url) from None
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"Redis telemetry error: {type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self._client.close()

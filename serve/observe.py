@@ -1,0 +1,214 @@
+"""One request's telemetry at the gateway: its spans, metrics, window record and log line.
+
+    POST /v1/predict     SERVER span; continues an incoming `traceparent`
+    ├── route            the decision: canary.arm, canary.bucket, canary.share_bp,
+    │                    canary.effective_bp, canary.kill, canary.state_revision,
+    │                    canary.state_stale, canary.reason
+    ├── model.call       CLIENT span: canary.arm, canary.attempt (1), canary.outcome
+    │   └── model.predict ...   in the model replica (serve.tracing)
+    └── model.call       the retry on baseline after a failed canary call (attempt 2)
+
+`finish()` ends the request span (status code, answering arm, fallback, error type), records
+the metrics (serve.metrics), offers the request to the Redis windows and writes the JSON log
+line; the last two go through sinks, off the request path. With telemetry off the gateway gets
+`NULL_OBSERVATION`, whose methods do nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from rollout.clock import Clock, SystemClock
+from rollout.policy import Decision
+from rollout.redis_telemetry import WindowItem
+from rollout.watcher import StateView
+from rollout.windows import Attempt, RequestRecord
+from serve.errors import ModelTimeout, Overloaded
+from serve.metrics import GatewayMetrics
+from serve.telemetry import Telemetry
+from serve.tracing import extract, inject
+
+
+def _outcome(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, ModelTimeout):
+        return "timeout"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    return "error"
+
+
+def attempt_from(arm: str, result: Mapping, items: int, price: float = 0.0) -> Attempt:
+    """What an answered model call reports (its `timing`, `batch`, `queue`) as an Attempt;
+    its compute time is its share (by items) of the batch's forward, priced per device-hour."""
+    timing, batch = result["timing"], result["batch"]
+    stages = {"preprocess": timing["preprocess"], "queue": timing["queue"],
+              "forward": timing["model"], "postprocess": timing["postprocess"]}
+    share = items / batch["items"] if batch.get("items") else 1.0
+    compute_s = timing["model"] / 1000 * share
+    return Attempt(arm, "ok", stages, batch["requests"], int(result.get("queue", 0)),
+                   compute_s, compute_s * price / 3600)
+
+
+class Observer:
+    """Starts an observation per request; one per gateway replica."""
+
+    def __init__(self, telemetry: Telemetry, *, clock: Clock | None = None):
+        self.telemetry = telemetry
+        self.clock = clock or SystemClock()
+        self.metrics = GatewayMetrics(telemetry.meter, price=telemetry.settings.device_hour_price,
+                                      dropped=telemetry.dropped)
+
+    def start(self, request_id: str, headers: Mapping[str, str]) -> Observation:
+        if not self.telemetry.enabled:
+            return NULL_OBSERVATION
+        return Observation(self, request_id, headers)
+
+
+class _Call:
+    """One model call: its span, in-flight gauge and outcome (a context manager)."""
+
+    def __init__(self, obs: Observation, arm: str):
+        self.obs, self.arm = obs, arm
+        self.attempt = len(obs.attempts) + 1
+        self.items = obs.items
+        self.span = obs.tracer.start_span(
+            "model.call", context=obs.context, kind=SpanKind.CLIENT,
+            attributes={"canary.arm": arm, "canary.attempt": self.attempt,
+                        "canary.retry": self.attempt > 1})
+        self.carrier = inject(trace.set_span_in_context(self.span))
+        self.result: Mapping | None = None
+
+    def answered(self, result: Mapping) -> None:
+        self.result = result
+
+    def __enter__(self) -> _Call:
+        self.obs.metrics.inflight.add(1, {"arm": self.arm})
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.obs.metrics.inflight.add(-1, {"arm": self.arm})
+        outcome = _outcome(exc)
+        if outcome == "ok" and self.result is not None:
+            attempt = attempt_from(self.arm, self.result, self.items, self.obs.metrics.price)
+            self.span.set_attribute("canary.batch.requests", attempt.batch_requests)
+        else:
+            attempt = Attempt(self.arm, "error" if outcome == "ok" else outcome)
+            self.span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"[:200]))
+        self.obs.attempts.append(attempt)
+        self.span.set_attribute("canary.outcome", attempt.outcome)
+        self.span.end()
+        return False
+
+
+class Observation:
+    def __init__(self, observer: Observer, request_id: str, headers: Mapping[str, str]):
+        self.observer, self.metrics = observer, observer.metrics
+        self.tracer = observer.telemetry.tracer
+        self.request_id = request_id
+        self.start = time.perf_counter()
+        self.span = self.tracer.start_span(
+            "POST /v1/predict", context=extract(headers), kind=SpanKind.SERVER,
+            attributes={"http.request.method": "POST", "url.path": "/v1/predict",
+                        "canary.request_id": request_id})
+        self.context = trace.set_span_in_context(self.span)
+        self.attempts: list[Attempt] = []
+        self.routed: str | None = None
+        self.items = self.chars = 0
+        self.task: str | None = None
+
+    @property
+    def trace_id(self) -> str:
+        return format(self.span.get_span_context().trace_id, "032x")
+
+    def parsed(self, inputs: list[str], task: str) -> None:
+        self.items, self.chars, self.task = len(inputs), sum(map(len, inputs)), task
+        self.span.set_attributes({"canary.items": self.items, "canary.chars": self.chars,
+                                  "canary.task": task})
+
+    def route(self, decision: Decision, view: StateView, started: float) -> None:
+        """Record the routing decision taken from `started` (perf_counter) until now."""
+        self.routed = decision.arm.value
+        state = view.state
+        span = self.tracer.start_span(
+            "route", context=self.context,
+            start_time=time.time_ns() - int((time.perf_counter() - started) * 1e9),
+            attributes={
+                "canary.arm": decision.arm.value, "canary.bucket": decision.bucket,
+                "canary.reason": decision.reason.value, "canary.share_bp": state.canary_bp,
+                "canary.effective_bp": 0 if view.stale else state.effective_bp,
+                "canary.kill": state.kill, "canary.state_revision": state.revision,
+                "canary.state_stale": view.stale,
+            })
+        span.end()
+
+    def call(self, arm: str) -> _Call:
+        return _Call(self, arm)
+
+    def finish(self, status: int, *, error_type: str | None = None, arm: str | None = None,
+               fallback: bool = False, gateway_ms: float | None = None) -> None:
+        latency_ms = (time.perf_counter() - self.start) * 1000
+        record = RequestRecord(self.routed, status, latency_ms, self.items, self.chars,
+                               tuple(self.attempts))
+        span = self.span
+        span.set_attributes({"http.response.status_code": status, "canary.fallback": fallback,
+                             "canary.routed_arm": self.routed or "none"})
+        if arm:
+            span.set_attribute("canary.arm", arm)
+        if error_type:
+            span.set_attribute("error.type", error_type)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, error_type or str(status)))
+        span.end()
+        self.metrics.record(record, "ok" if status == 200 else (error_type or "error"), gateway_ms)
+        telemetry = self.observer.telemetry
+        now = self.observer.clock.time()
+        if telemetry.sink is not None and record.routed is not None:
+            telemetry.sink.offer(WindowItem(now, record))
+        if telemetry.request_log is not None:
+            telemetry.request_log.log({
+                "ts": round(now, 3), "request_id": self.request_id, "trace_id": self.trace_id,
+                "arm": arm, "routed_arm": self.routed, "fallback": fallback,
+                "items": self.items, "chars": self.chars, "task": self.task,
+                "latency_ms": round(latency_ms, 3), "status": status, "error_type": error_type,
+            })
+
+
+class _NullCall:
+    carrier = None
+
+    def answered(self, result: Mapping) -> None:
+        pass
+
+    def __enter__(self) -> _NullCall:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+class _NullObservation:
+    """What the gateway observes with telemetry off: nothing."""
+
+    trace_id = None
+    _call = _NullCall()
+
+    def parsed(self, inputs, task) -> None:
+        pass
+
+    def route(self, decision, view, started) -> None:
+        pass
+
+    def call(self, arm: str) -> _NullCall:
+        return self._call
+
+    def finish(self, status: int, **kwargs) -> None:
+        pass
+
+
+NULL_OBSERVATION = _NullObservation()

@@ -1,0 +1,307 @@
+"""Gateway and model-replica telemetry through the SDK's in-memory exporter and reader:
+spans and their tree, one trace across both sides, sampling, metrics, the JSON log line."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from rollout import FakeClock, RolloutState, Settings, StateView, decide
+from rollout.redis_telemetry import WindowItem
+from serve.errors import ModelFailed, ModelTimeout
+from serve.observe import NULL_OBSERVATION, Observer
+from serve.telemetry import Telemetry, otlp_endpoints
+from serve.tracing import Marks, WallClock, record_model_spans
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = "b7ad6b7169203331"
+INCOMING = {"traceparent": f"00-{TRACE}-{PARENT}-01"}
+ANSWER = {"timing": {"preprocess": 1.0, "queue": 2.0, "model": 8.0, "postprocess": 0.5},
+          "batch": {"requests": 2, "items": 4}, "queue": 3, "arm": "baseline"}
+
+
+class Store:
+    """Stands in for the Redis writer: keeps what the sink hands it."""
+
+    def __init__(self):
+        self.items = []
+
+    def write(self, items):
+        self.items.extend(items)
+
+
+class Rig:
+    def __init__(self, **overrides):
+        self.spans = InMemorySpanExporter()
+        self.reader = InMemoryMetricReader()
+        self.store = Store()
+        self.log = io.StringIO()
+        self.settings = Settings(**{"device_hour_price": 3.6, **overrides})
+        self.gateway = Telemetry(self.settings, "canary-gateway", request_log=True,
+                                 span_exporters=[self.spans], metric_readers=[self.reader],
+                                 store=self.store, log_stream=self.log, environ={})
+        self.model = Telemetry(self.settings, "canary-model", span_exporters=[self.spans],
+                               store=self.store, environ={})
+        self.observer = Observer(self.gateway, clock=FakeClock(1_700_000_000.0))
+
+    def flush(self):
+        self.gateway.flush()
+        self.model.flush()
+
+    def close(self):
+        self.gateway.shutdown()
+        self.model.shutdown()
+
+    def by_name(self):
+        return {span.name: span for span in self.spans.get_finished_spans()}
+
+    def metrics(self) -> dict[tuple, float]:
+        """(metric, sorted attributes) -> value (counters: sum; histograms: count)."""
+        out = {}
+        data = self.reader.get_metrics_data()
+        for resource in data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        key = (metric.name, tuple(sorted(point.attributes.items())))
+                        out[key] = getattr(point, "value", None)
+                        if out[key] is None:
+                            out[key] = point.count
+        return out
+
+
+@pytest.fixture
+def rig():
+    rig = Rig()
+    yield rig
+    rig.close()
+
+
+def route(obs, canary_bp=10_000, kill=False):
+    view = StateView(RolloutState(canary_bp=canary_bp, kill=kill, revision=7), 0.1, False, None,
+                     True)
+    obs.route(decide(view.state, "user-1"), view, time.perf_counter())
+
+
+def model_side(rig, carrier, *, error=None):
+    p = time.perf_counter()
+    marks = Marks(p, p + 0.001, p + 0.002, p + 0.0025, p + 0.006, p + 0.0061, p + 0.007)
+    if error is not None:
+        marks.post_start = marks.done = 0.0
+    record_model_spans(rig.model.tracer, carrier, WallClock(), marks, {"canary.arm": "baseline"},
+                       queue_length=3, batch={"requests": 2, "items": 4, "id": 9}, error=error)
+
+
+def test_one_trace_across_gateway_and_model_continuing_the_incoming_traceparent(rig):
+    obs = rig.observer.start("req-1", INCOMING)
+    obs.parsed(["hello", "world!"], "classify")
+    route(obs, canary_bp=0)
+    with obs.call("baseline") as call:
+        model_side(rig, call.carrier)
+        call.answered(ANSWER)
+    obs.finish(200, arm="baseline", gateway_ms=1.0)
+    rig.flush()
+    spans = rig.by_name()
+    assert set(spans) == {"POST /v1/predict", "route", "model.call", "model.predict",
+                          "preprocess", "queue", "batch", "forward", "postprocess"}
+    assert {format(s.context.trace_id, "032x") for s in spans.values()} == {TRACE}
+    parent_of = {name: format(s.parent.span_id, "016x") for name, s in spans.items()}
+    span_id = {name: format(s.context.span_id, "016x") for name, s in spans.items()}
+    assert parent_of["POST /v1/predict"] == PARENT
+    assert parent_of["route"] == parent_of["model.call"] == span_id["POST /v1/predict"]
+    assert parent_of["model.predict"] == span_id["model.call"]
+    for stage in ("preprocess", "queue", "batch", "postprocess"):
+        assert parent_of[stage] == span_id["model.predict"]
+    assert parent_of["forward"] == span_id["batch"]
+    route_attrs = spans["route"].attributes
+    assert route_attrs["canary.arm"] == "baseline" and route_attrs["canary.reason"] == "share"
+    assert route_attrs["canary.state_revision"] == 7 and route_attrs["canary.kill"] is False
+    assert 0 <= route_attrs["canary.bucket"] < 10_000
+    assert spans["batch"].attributes["canary.batch.requests"] == 2
+    assert spans["queue"].attributes["canary.queue.length"] == 3
+    root = spans["POST /v1/predict"].attributes
+    assert root["http.response.status_code"] == 200 and root["canary.request_id"] == "req-1"
+    assert root["canary.items"] == 2 and root["canary.chars"] == 11
+    # the stage spans sit inside their parent in time
+    assert spans["model.predict"].start_time <= spans["preprocess"].start_time
+    assert spans["forward"].end_time <= spans["model.predict"].end_time
+
+
+def test_a_retry_on_baseline_is_a_second_model_call_in_the_same_trace(rig):
+    obs = rig.observer.start("req-2", {})
+    obs.parsed(["x"], "classify")
+    route(obs)
+    with pytest.raises(ModelFailed), obs.call("optimized"):
+        raise ModelFailed("the optimized model failed")
+    with obs.call("baseline") as call:
+        call.answered(ANSWER)
+    obs.finish(200, arm="baseline", fallback=True)
+    rig.flush()
+    calls = [s for s in rig.spans.get_finished_spans() if s.name == "model.call"]
+    assert [(c.attributes["canary.arm"], c.attributes["canary.attempt"],
+             c.attributes["canary.outcome"]) for c in calls] == [
+        ("optimized", 1, "error"), ("baseline", 2, "ok")]
+    assert calls[0].status.status_code.name == "ERROR"
+    assert len({s.context.trace_id for s in rig.spans.get_finished_spans()}) == 1
+    root = rig.by_name()["POST /v1/predict"].attributes
+    assert root["canary.fallback"] is True and root["canary.routed_arm"] == "optimized"
+
+
+def test_a_failed_model_call_still_records_the_replica_spans_with_the_error(rig):
+    obs = rig.observer.start("req-3", {})
+    with pytest.raises(ModelFailed), obs.call("baseline") as call:
+        model_side(rig, call.carrier, error=RuntimeError("injected fault"))
+        raise ModelFailed("boom")
+    rig.flush()
+    predict = rig.by_name()["model.predict"]
+    assert predict.status.status_code.name == "ERROR"
+    assert predict.attributes["error.type"] == "RuntimeError"
+    assert "postprocess" not in rig.by_name()
+
+
+def test_metrics_after_a_known_sequence_of_requests(rig):
+    for i in range(3):
+        obs = rig.observer.start(f"ok-{i}", {})
+        obs.parsed(["a"], "classify")
+        route(obs, canary_bp=0)
+        with obs.call("baseline") as call:
+            call.answered(ANSWER)
+        obs.finish(200, arm="baseline", gateway_ms=1.5)
+    obs = rig.observer.start("timeout", {})
+    route(obs, canary_bp=0)
+    with pytest.raises(ModelTimeout), obs.call("baseline"):
+        raise ModelTimeout("slow")
+    obs.finish(504, error_type="timeout")
+    obs = rig.observer.start("fallback", {})
+    obs.parsed(["b"], "classify")
+    route(obs)
+    with pytest.raises(ModelFailed), obs.call("optimized"):
+        raise ModelFailed("boom")
+    with obs.call("baseline") as call:
+        call.answered(ANSWER)
+    obs.finish(200, arm="baseline", fallback=True)
+    rig.observer.start("bad", {}).finish(422, error_type="invalid_input")
+
+    m = rig.metrics()
+    req = "canary.requests"
+    assert m[(req, (("arm", "baseline"), ("outcome", "ok"), ("status", "200")))] == 3
+    assert m[(req, (("arm", "baseline"), ("outcome", "timeout"), ("status", "504")))] == 1
+    assert m[(req, (("arm", "optimized"), ("outcome", "ok"), ("status", "200")))] == 1
+    assert m[(req, (("arm", "none"), ("outcome", "invalid_input"), ("status", "422")))] == 1
+    calls = "canary.model.calls"
+    assert m[(calls, (("arm", "baseline"), ("outcome", "ok")))] == 4
+    assert m[(calls, (("arm", "baseline"), ("outcome", "timeout")))] == 1
+    assert m[(calls, (("arm", "optimized"), ("outcome", "error")))] == 1
+    assert m[("canary.retries", (("arm", "optimized"),))] == 1
+    assert m[("canary.fallbacks", (("arm", "optimized"),))] == 1
+    assert m[("canary.inflight", (("arm", "baseline"),))] == 0
+    assert m[("canary.batch.size", (("arm", "baseline"),))] == 4  # histogram count
+    assert m[("canary.stage.duration", (("arm", "baseline"), ("stage", "forward")))] == 4
+    assert m[("canary.stage.duration", (("arm", "baseline"), ("stage", "gateway")))] == 3
+    assert m[("canary.request.duration", (("arm", "baseline"), ("status", "504")))] == 1
+    # each answered call: 8 ms forward, 1 of the batch's 4 items -> 2 ms; at 3.6 per hour
+    assert m[("canary.compute.time", (("arm", "baseline"),))] == pytest.approx(4 * 0.002)
+    assert m[("canary.cost", (("arm", "baseline"),))] == pytest.approx(4 * 0.002 * 3.6 / 3600)
+    # the windows got every routed request, not the refused one
+    rig.flush()
+    windows = [i for i in rig.store.items if isinstance(i, WindowItem)]
+    assert [w.record.status for w in windows] == [200, 200, 200, 504, 200]
+
+
+def test_one_json_log_line_per_request(rig):
+    obs = rig.observer.start("req-log", INCOMING)
+    obs.parsed(["abc", "de"], "embed")
+    route(obs)
+    with obs.call("optimized") as call:
+        call.answered({**ANSWER, "arm": "optimized"})
+    obs.finish(200, arm="optimized")
+    rig.observer.start("req-bad", {}).finish(413, error_type="input_too_large")
+    rig.flush()
+    lines = [json.loads(line) for line in rig.log.getvalue().splitlines()]
+    assert len(lines) == 2
+    first, second = lines
+    assert first["request_id"] == "req-log" and first["trace_id"] == TRACE
+    assert (first["arm"], first["items"], first["chars"], first["task"]) == ("optimized", 2, 5,
+                                                                             "embed")
+    assert first["status"] == 200 and first["error_type"] is None and first["latency_ms"] >= 0
+    assert second["status"] == 413 and second["error_type"] == "input_too_large"
+    assert second["arm"] is None and len(second["trace_id"]) == 32
+
+
+def test_sampling_ratio_zero_records_no_spans_but_keeps_metrics_and_trace_ids():
+    rig = Rig(trace_sample_ratio=0.0)
+    try:
+        obs = rig.observer.start("req-unsampled", {})
+        route(obs, canary_bp=0)
+        with obs.call("baseline") as call:
+            model_side(rig, call.carrier)
+            call.answered(ANSWER)
+        obs.finish(200, arm="baseline")
+        rig.flush()
+        assert rig.spans.get_finished_spans() == ()
+        assert len(obs.trace_id) == 32 and obs.trace_id != "0" * 32
+        assert rig.metrics()[("canary.model.calls", (("arm", "baseline"), ("outcome", "ok")))] == 1
+    finally:
+        rig.close()
+
+
+def test_an_incoming_sampled_trace_is_followed_even_at_ratio_zero():
+    rig = Rig(trace_sample_ratio=0.0)
+    try:
+        rig.observer.start("req-followed", INCOMING).finish(200)
+        rig.flush()
+        assert [s.name for s in rig.spans.get_finished_spans()] == ["POST /v1/predict"]
+    finally:
+        rig.close()
+
+
+def test_telemetry_off_observes_nothing():
+    settings = Settings(telemetry_enabled=False)
+    telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True)
+    assert telemetry.sink is None and telemetry.request_log is None
+    assert Observer(telemetry).start("req", INCOMING) is NULL_OBSERVATION
+    assert NULL_OBSERVATION.call("baseline").carrier is None
+    assert telemetry.prometheus_text() == b""
+
+
+def test_otlp_is_enabled_only_by_an_endpoint_variable():
+    assert otlp_endpoints({}) == {}
+    assert otlp_endpoints({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}) == {
+        "traces": "http://c:4318/v1/traces", "metrics": "http://c:4318/v1/metrics"}
+    assert otlp_endpoints({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t/x"}) == {
+        "traces": "http://t/x"}
+    assert otlp_endpoints({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                           "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m/v1/metrics"}) == {
+        "traces": "http://c:4318/v1/traces", "metrics": "http://m/v1/metrics"}
+
+
+def test_the_grafana_dashboard_only_uses_metrics_the_gateway_exports(rig):
+    import re
+    from pathlib import Path
+
+    telemetry = Telemetry(Settings(), "canary-gateway", prometheus=True, environ={},
+                          store=Store())
+    try:
+        observer = Observer(telemetry)
+        obs = observer.start("req", {})
+        obs.parsed(["a"], "classify")
+        route(obs, canary_bp=10_000)
+        with pytest.raises(ModelFailed), obs.call("optimized"):
+            raise ModelFailed("boom")
+        with obs.call("baseline") as call:
+            call.answered(ANSWER)
+        obs.finish(200, arm="baseline", fallback=True, gateway_ms=1.0)
+        text = telemetry.prometheus_text().decode()
+    finally:
+        telemetry.shutdown()
+    exported = set(re.findall(r"^(canary_\w+?)(?:\{| )", text, re.M))
+    dashboard = (Path(__file__).resolve().parents[2] / "ops" / "grafana-dashboard.json").read_text()
+    used = set(re.findall(r"canary_\w+", dashboard)) - {"canary_gateway"}
+    assert used, "the dashboard queries no canary metric"
+    missing = {name for name in used if name not in exported}
+    assert not missing, f"the dashboard queries metrics nobody exports: {missing}"
