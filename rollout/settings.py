@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     model_num_gpus: float = Field(0.0, ge=0, le=8)
     model_max_ongoing_requests: int = Field(64, ge=1, le=10_000)
     gateway_max_ongoing_requests: int = Field(256, ge=1, le=100_000)
+    gateway_max_in_flight: int = Field(
+        128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
+    )
+    model_max_queued_requests: int = Field(
+        256, ge=-1, le=1_000_000, description="requests waiting per model deployment; -1: no bound"
+    )
 
     # --- telemetry ---------------------------------------------------------------------------
     telemetry_enabled: bool = Field(
@@ -142,6 +148,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cross_checks(self):
+        if self.gateway_max_in_flight > self.gateway_max_ongoing_requests:
+            raise ValueError("gateway_max_in_flight cannot exceed gateway_max_ongoing_requests")
         if self.state_staleness_s <= self.state_poll_s:
             raise ValueError("state_staleness_s must be longer than state_poll_s")
         if self.max_item_chars > self.max_total_chars:

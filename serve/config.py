@@ -25,6 +25,7 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
     model = ModelServer.options(
         ray_actor_options={"num_cpus": settings.model_num_cpus, "num_gpus": settings.model_num_gpus},
         max_ongoing_requests=settings.model_max_ongoing_requests,
+        max_queued_requests=settings.model_max_queued_requests,
     )
     arms = {
         arm: model.options(

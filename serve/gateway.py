@@ -37,8 +37,10 @@ from rollout import (
 )
 from serve.errors import (
     GatewayError,
+    InProgress,
     InputTooLarge,
     InvalidInput,
+    KeyReused,
     ModelFailed,
     ModelTimeout,
     Overloaded,
@@ -47,6 +49,7 @@ from serve.errors import (
     to_response,
 )
 from serve.observe import Observation, Observer
+from serve.idempotent import REPLAYED, Idempotency
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
 from serve.telemetry import Telemetry
 
@@ -107,6 +110,8 @@ class Gateway:
         self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True)
         self.observer = Observer(self.telemetry)
         self.store = open_store(settings)
+        self.idempotency = Idempotency(settings)
+        self.in_flight = 0
         self.watcher = StateWatcher(
             self.store,
             poll_s=settings.state_poll_s,
@@ -139,9 +144,25 @@ class Gateway:
 
     @api.post("/v1/predict")
     async def predict(self, request: Request) -> JSONResponse:
+        """Admission first: past `gateway_max_in_flight` requests in this replica, shed with
+        503 + Retry-After before reading the body, so memory stays bounded under any load."""
+        if self.in_flight >= self.settings.gateway_max_in_flight:
+            rid, incoming = _ids(request)
+            self.observer.start(rid, request.headers).finish(503, error_type=Overloaded.type)
+            return to_response(
+                Overloaded("the gateway is at capacity; retry later"), rid, incoming
+            )
+        self.in_flight += 1
+        try:
+            return await self._predict(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _predict(self, request: Request) -> JSONResponse:
         start = time.perf_counter()
         rid, incoming = _ids(request)
         obs = self.observer.start(rid, request.headers)
+        idempotency_key = fp = None
         try:
             body = await self._read_body(request)
             parsed = parse_predict(body, self.settings)
@@ -149,6 +170,16 @@ class Gateway:
             obs.parsed(parsed.inputs, task)
             if task not in self.tasks:
                 raise InvalidInput(f"task {task!r} is not supported by this model")
+            idempotency_key = Idempotency.key_from(request.headers.get("idempotency-key"))
+            if idempotency_key is not None:
+                fp = Idempotency.fingerprint(task, parsed.inputs)
+                stored, owned = await self.idempotency.begin(idempotency_key, fp)
+                if stored is not None:
+                    obs.finish(stored["status"], arm=stored["body"]["arm"], replayed=True)
+                    return JSONResponse(stored["body"], status_code=stored["status"],
+                                        headers={**stored["headers"], **REPLAYED})
+                if not owned:  # the store is unreachable: serve without deduplication
+                    idempotency_key = None
             key = (request.headers.get("x-routing-key") or rid)[:MAX_ROUTING_KEY]
             routing = time.perf_counter()
             view = self.watcher.view()
@@ -163,12 +194,16 @@ class Gateway:
             )
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
+            if idempotency_key is not None and not isinstance(exc, (KeyReused, InProgress)):
+                await self.idempotency.finish(idempotency_key, fp, None)
             return to_response(exc, rid, incoming)
-        except asyncio.CancelledError:  # the client went away
-            obs.finish(499, error_type="cancelled")
-            raise
-        except Exception:
-            obs.finish(500, error_type="internal_error")
+        except BaseException as exc:
+            if idempotency_key is not None:
+                await asyncio.shield(self.idempotency.finish(idempotency_key, fp, None))
+            if isinstance(exc, asyncio.CancelledError):  # the client went away
+                obs.finish(499, error_type="cancelled")
+            else:
+                obs.finish(500, error_type="internal_error")
             raise
         total_ms = (time.perf_counter() - start) * 1000
         timing = dict(result["timing"])
@@ -189,6 +224,11 @@ class Gateway:
             "outputs": result["outputs"],
             "fallback": fallback,
         }
+        if idempotency_key is not None:
+            replay_headers = {"X-Request-ID": rid, "X-Canary-Arm": result["arm"]}
+            await self.idempotency.finish(
+                idempotency_key, fp, {"status": 200, "body": body, "headers": replay_headers}
+            )
         return JSONResponse(body, headers=headers)
 
     async def _read_body(self, request: Request) -> bytes:

@@ -3,7 +3,7 @@ again, refuse a reused key, and never let the idempotency store take serving dow
 
 The records live in Redis (rollout.idempotency). The store is reached off the event loop; when
 it cannot be reached the request is served without deduplication (fail open: inference has no
-side effects, and availability wins) and the response says so in `Idempotency-Status`.
+side effects, and availability wins) and a warning is logged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ log = logging.getLogger("canary.gateway")
 
 _KEY = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
 REPLAYED = {"Idempotency-Status": "replayed"}
-UNAVAILABLE = {"Idempotency-Status": "unavailable"}
 
 
 class Idempotency:

@@ -151,7 +151,10 @@ class Observation:
         return _Call(self, arm)
 
     def finish(self, status: int, *, error_type: str | None = None, arm: str | None = None,
-               fallback: bool = False, gateway_ms: float | None = None) -> None:
+               fallback: bool = False, gateway_ms: float | None = None,
+               replayed: bool = False) -> None:
+        """`replayed`: answered from an idempotency record; traced and logged, but not
+        counted again in metrics or windows (the original request was)."""
         latency_ms = (time.perf_counter() - self.start) * 1000
         record = RequestRecord(self.routed, status, latency_ms, self.items, self.chars,
                                tuple(self.attempts))
@@ -164,11 +167,14 @@ class Observation:
             span.set_attribute("error.type", error_type)
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR, error_type or str(status)))
+        span.set_attribute("canary.replayed", replayed)
         span.end()
-        self.metrics.record(record, "ok" if status == 200 else (error_type or "error"), gateway_ms)
+        if not replayed:
+            self.metrics.record(record, "ok" if status == 200 else (error_type or "error"),
+                                gateway_ms)
         telemetry = self.observer.telemetry
         now = self.observer.clock.time()
-        if telemetry.sink is not None and record.routed is not None:
+        if telemetry.sink is not None and record.routed is not None and not replayed:
             telemetry.sink.offer(WindowItem(now, record))
         if telemetry.request_log is not None:
             telemetry.request_log.log({
@@ -176,6 +182,7 @@ class Observation:
                 "arm": arm, "routed_arm": self.routed, "fallback": fallback,
                 "items": self.items, "chars": self.chars, "task": self.task,
                 "latency_ms": round(latency_ms, 3), "status": status, "error_type": error_type,
+                "replayed": replayed,
             })
 
 

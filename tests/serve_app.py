@@ -23,6 +23,7 @@ class GatewayApp:
     url: str
     client: httpx.Client
     live: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
 
     @property
     def operator(self) -> Settings:
@@ -56,14 +57,17 @@ class GatewayApp:
         self.wait_for_revision(state.revision)
         return state
 
-    def redeploy(self, live: dict[str, dict]) -> None:
-        """Apply new per-arm live settings (faults, batching) without restarting replicas."""
+    def redeploy(self, live: dict[str, dict], **settings) -> None:
+        """Apply new per-arm live settings (faults, batching) without restarting model replicas;
+        `settings` overrides (e.g. gateway_max_in_flight) replace the gateway replica."""
         from ray import serve
 
         from serve.config import build
 
         self.live = live
-        serve.run(build(self.settings, live), name="canary", route_prefix="/")
+        self.overrides = settings
+        serve.run(build(self.settings.model_copy(update=settings), live), name="canary",
+                  route_prefix="/")
 
     def predict(self, inputs, **headers) -> httpx.Response:
         return self.client.post("/v1/predict", json={"inputs": inputs}, headers=headers)
