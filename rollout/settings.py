@@ -52,6 +52,10 @@ class Settings(BaseSettings):
 
     # --- batching ------------------------------------------------------------------------
     max_batch_size: int = Field(16, ge=1, le=4096, description="requests merged per batch")
+    max_batch_tokens: int = Field(
+        8_192, ge=8, le=1_000_000,
+        description="padded tokens per forward; bigger merged batches are split",
+    )
     batch_wait_ms: float = Field(
         5.0, ge=0, le=1000, description="how long a batch waits to fill"
     )
@@ -152,6 +156,8 @@ class Settings(BaseSettings):
             raise ValueError("gateway_max_in_flight cannot exceed gateway_max_ongoing_requests")
         if self.state_staleness_s <= self.state_poll_s:
             raise ValueError("state_staleness_s must be longer than state_poll_s")
+        if self.max_batch_tokens < self.max_tokens:
+            raise ValueError("max_batch_tokens must hold at least one input of max_tokens")
         if self.max_item_chars > self.max_total_chars:
             raise ValueError("max_item_chars cannot exceed max_total_chars")
         return self

@@ -31,6 +31,9 @@ class RowsDidNotFit(Exception):
         self.indexes = indexes
         self.reason = reason
 
+    def __reduce__(self):  # crosses process boundaries (Ray) with its fields intact
+        return type(self), (self.indexes, self.reason)
+
 
 @dataclass(frozen=True)
 class _Row:

@@ -20,6 +20,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
+from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -49,6 +50,7 @@ from serve.errors import (
     to_response,
 )
 from serve.observe import Observation, Observer
+from serve.batching import RowsDidNotFit
 from serve.idempotent import REPLAYED, Idempotency
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
 from serve.telemetry import Telemetry
@@ -287,6 +289,9 @@ class Gateway:
             response.cancel()
             raise
         except Exception as exc:  # a replica error or death: the arm failed, not the client
+            cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
+            if isinstance(cause, RowsDidNotFit):
+                raise InputTooLarge(str(cause)) from None
             log.warning("%s model call failed: %s", arm.value, type(exc).__name__)
             raise ModelFailed(f"the {arm.value} model failed: {type(exc).__name__}") from None
 

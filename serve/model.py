@@ -23,6 +23,7 @@ from ray import serve
 from rollout.settings import Settings
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
+from serve.batching import RowsDidNotFit, run_budgeted
 from serve.variants import Encoded, Variant
 
 
@@ -64,7 +65,8 @@ class ModelServer:
         self.arm = arm
         self.variant = Variant(settings, arm)
         self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
-        self.fault_delay_s, self.fault_error = 0.0, False
+        self.max_batch_tokens = settings.max_batch_tokens
+        self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
         self.waiting = 0  # requests queued for a batch in this replica
         self._batches = 0
@@ -74,9 +76,9 @@ class ModelServer:
     def reconfigure(self, user_config: dict) -> None:
         """Live settings (Serve `user_config`, applied without a restart).
 
-        `max_batch_size`, `batch_wait_ms`: the batching limits. `fault_delay_ms`,
-        `fault_error`: fault injection for drills and tests (every forward is delayed, or fails);
-        both off unless set.
+        `max_batch_size`, `batch_wait_ms`: the batching limits. `fault_delay_ms`, `fault_error`,
+        `fault_oom_tokens`: fault injection for drills and tests (every batch is delayed, or
+        fails, or forwards over that many padded tokens run out of memory); off unless set.
         """
         size = int(user_config.get("max_batch_size", self.max_batch_size))
         wait_ms = float(user_config.get("batch_wait_ms", self.batch_wait_ms))
@@ -87,6 +89,14 @@ class ModelServer:
         self.max_batch_size, self.batch_wait_ms = size, wait_ms
         self.fault_delay_s = float(user_config.get("fault_delay_ms", 0)) / 1000
         self.fault_error = bool(user_config.get("fault_error", False))
+        self.fault_oom_tokens = int(user_config.get("fault_oom_tokens", 0))
+
+    def _forward(self, rows):
+        """One forward; with `fault_oom_tokens` set, more padded tokens than that run out of
+        memory, as a too-large batch would on a real device."""
+        if self.fault_oom_tokens and len(rows) * max(map(len, rows)) > self.fault_oom_tokens:
+            raise torch.OutOfMemoryError(f"injected out of memory in the {self.arm} model")
+        return self.variant.forward_rows(rows)
 
     def info(self) -> dict:
         return {
@@ -118,6 +128,8 @@ class ModelServer:
                 item.leave()
             marks.batch_start, marks.forward_start, marks.forward_end = (
                 forwarded.batch_start, forwarded.forward_start, forwarded.forward_end)
+            if isinstance(forwarded.rows, RowsDidNotFit):
+                raise forwarded.rows
             marks.post_start = time.perf_counter()
             outputs = self.variant.postprocess(task, forwarded.rows)
             marks.done = time.perf_counter()
@@ -165,7 +177,10 @@ class ModelServer:
         batch = [item.encoded for item in queued]
         loop = asyncio.get_running_loop()
         forward_start = time.perf_counter()
-        rows = await loop.run_in_executor(self._forward_pool, self.variant.embed_batch, batch)
+        rows = await loop.run_in_executor(
+            self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
+            self.max_batch_tokens,
+        )
         forward_end = time.perf_counter()
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +138,7 @@ class Variant:
         )["input_ids"]
         return Encoded(ids)
 
-    def _collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [row for item in batch for row in item.ids]
+    def _collate(self, rows: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(row) for row in rows)
         width = min(-(-width // 8) * 8, self.max_tokens)  # pad to a multiple of 8: fewer shapes
         ids = torch.full((len(rows), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
@@ -149,21 +149,24 @@ class Variant:
         return ids.to(self.device), mask.to(self.device)
 
     @torch.inference_mode()
-    def embed_batch(self, batch: list[Encoded]) -> list[torch.Tensor]:
-        """Forward a merged batch; returns one float32 CPU tensor per request (rows = inputs).
+    def forward_rows(self, rows: list[Sequence[int]]) -> torch.Tensor:
+        """One forward of token-id rows; a float32 CPU tensor with one row per input.
 
         Encoders give L2-normalised mean-pooled embeddings; classifiers give logits.
         """
-        ids, mask = self._collate(batch)
+        ids, mask = self._collate(rows)
         out = self.model(input_ids=ids, attention_mask=mask)
         if self.has_head:
-            result = out.logits.float()
-        else:
-            hidden = out.last_hidden_state.float()
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-            result = torch.nn.functional.normalize(pooled, dim=-1)
-        return list(result.cpu().split([len(item.ids) for item in batch]))
+            return out.logits.float().cpu()
+        hidden = out.last_hidden_state.float()
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1).cpu()
+
+    def embed_batch(self, batch: list[Encoded]) -> list[torch.Tensor]:
+        """Forward a merged batch at once; one tensor per request (rows = its inputs)."""
+        rows = [row for item in batch for row in item.ids]
+        return list(self.forward_rows(rows).split([len(item.ids) for item in batch]))
 
     def postprocess(self, task: str, rows: torch.Tensor) -> list[dict]:
         if task == "embed":

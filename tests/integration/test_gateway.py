@@ -287,3 +287,19 @@ def test_share_set_for_another_optimized_version_routes_nothing(gw):
     assert set(_arms(gw, [f"v-{i}" for i in range(50)]).values()) == {"baseline"}
     gw.set_state(canary_bp=10_000)  # a new share binds the version gateways serve now
     assert set(_arms(gw, [f"v-{i}" for i in range(50)]).values()) == {"optimized"}
+
+
+def test_out_of_memory_splits_batches_and_an_input_that_never_fits_is_413(gw):
+    gw.redeploy({"baseline": {"fault_oom_tokens": 48}})
+    # many short inputs at once: forwards over 48 padded tokens fail and are split until they fit
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda i: gw.predict([f"short {i}", f"tiny {i}"]), range(16)))
+    assert [r.status_code for r in responses] == [200] * 16
+    # one input longer than 48 tokens cannot fit even alone: the request fails, naming it
+    long_text = " ".join(["a"] * 60)  # 62 tokens in 119 characters
+    response = gw.predict(["fits", long_text])
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["type"] == "input_too_large" and "[1]" in error["message"]
+    assert "out of memory" in error["message"]
+    assert gw.predict(["still serving"]).status_code == 200  # the replica did not crash

@@ -61,3 +61,10 @@ def test_other_errors_are_not_mistaken_for_out_of_memory():
 
     with pytest.raises(ValueError, match="bad weights"):
         run_budgeted([[[1, 2]]], broken, max_batch_tokens=64)
+
+
+def test_the_failure_survives_pickling_across_processes():
+    import pickle
+
+    failure = pickle.loads(pickle.dumps(RowsDidNotFit([1, 3], "out of memory even alone")))
+    assert failure.indexes == [1, 3] and "inputs [1, 3]" in str(failure)
