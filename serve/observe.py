@@ -16,6 +16,8 @@ line; the last two go through sinks, off the request path. With telemetry off th
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from collections.abc import Mapping
 
@@ -31,6 +33,23 @@ from serve.errors import ModelTimeout, Overloaded
 from serve.metrics import GatewayMetrics
 from serve.telemetry import Telemetry
 from serve.tracing import extract, inject
+
+log = logging.getLogger("canary.telemetry")
+
+
+def _never_raises(method):
+    """Telemetry must not fail a request: a bug in it is logged, and the request goes on."""
+
+    @functools.wraps(method)
+    def guarded(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception:
+            log.exception("telemetry failed in %s (the request is not affected)",
+                          method.__qualname__)
+            return None
+
+    return guarded
 
 
 def _outcome(exc: BaseException | None) -> str:
@@ -88,9 +107,14 @@ class _Call:
         self.result = result
 
     def __enter__(self) -> _Call:
-        self.obs.metrics.inflight.add(1, {"arm": self.arm})
+        self._entered()
         return self
 
+    @_never_raises
+    def _entered(self) -> None:
+        self.obs.metrics.inflight.add(1, {"arm": self.arm})
+
+    @_never_raises
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.obs.metrics.inflight.add(-1, {"arm": self.arm})
         outcome = _outcome(exc)
@@ -126,11 +150,13 @@ class Observation:
     def trace_id(self) -> str:
         return format(self.span.get_span_context().trace_id, "032x")
 
+    @_never_raises
     def parsed(self, inputs: list[str], task: str) -> None:
         self.items, self.chars, self.task = len(inputs), sum(map(len, inputs)), task
         self.span.set_attributes({"canary.items": self.items, "canary.chars": self.chars,
                                   "canary.task": task})
 
+    @_never_raises
     def route(self, decision: Decision, view: StateView, started: float) -> None:
         """Record the routing decision taken from `started` (perf_counter) until now."""
         self.routed = decision.arm.value
@@ -150,6 +176,7 @@ class Observation:
     def call(self, arm: str) -> _Call:
         return _Call(self, arm)
 
+    @_never_raises
     def finish(self, status: int, *, error_type: str | None = None, arm: str | None = None,
                fallback: bool = False, gateway_ms: float | None = None,
                replayed: bool = False) -> None:

@@ -305,3 +305,25 @@ def test_the_grafana_dashboard_only_uses_metrics_the_gateway_exports(rig):
     assert used, "the dashboard queries no canary metric"
     missing = {name for name in used if name not in exported}
     assert not missing, f"the dashboard queries metrics nobody exports: {missing}"
+
+
+def test_a_malformed_traceparent_starts_a_new_trace(rig):
+    obs = rig.observer.start("req-bad-parent", {"traceparent": "00-not-a-trace-01"})
+    obs.finish(200)
+    rig.flush()
+    [span] = rig.spans.get_finished_spans()
+    assert span.parent is None and span.context.trace_id != 0
+
+
+def test_a_telemetry_bug_never_fails_the_request(rig, monkeypatch, caplog):
+    obs = rig.observer.start("req-bug", {})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("bug in a metric")
+
+    monkeypatch.setattr(rig.observer.metrics, "record", broken)
+    monkeypatch.setattr(rig.observer.metrics.inflight, "add", broken)
+    with obs.call("baseline") as call:
+        call.answered(ANSWER)
+    obs.finish(200, arm="baseline")  # does not raise
+    assert any("telemetry failed" in r.getMessage() for r in caplog.records)
