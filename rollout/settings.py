@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     idempotency_ttl_s: float = Field(
         86_400, ge=1, le=30 * 86_400, description="how long a response is kept for replays"
     )
+    retry_budget_ratio: float = Field(
+        0.2, ge=0, le=1, description="fallback retries allowed per canary call (10 s window)"
+    )
+    retry_budget_min_per_s: float = Field(
+        1.0, ge=0, le=10_000, description="fallback retries allowed per second regardless"
+    )
     canary_timeout_fraction: float = Field(
         0.5, gt=0, le=1, description="share of the deadline the canary gets before the fallback"
     )

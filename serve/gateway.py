@@ -50,6 +50,7 @@ from serve.errors import (
     to_response,
 )
 from serve.observe import Observation, Observer
+from rollout.budget import RetryBudget
 from serve.batching import RowsDidNotFit
 from serve.idempotent import REPLAYED, Idempotency
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
@@ -114,6 +115,9 @@ class Gateway:
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings)
         self.in_flight = 0
+        self.retry_budget = RetryBudget(
+            ratio=settings.retry_budget_ratio, min_per_s=settings.retry_budget_min_per_s
+        )
         self.watcher = StateWatcher(
             self.store,
             poll_s=settings.state_poll_s,
@@ -249,15 +253,22 @@ class Gateway:
     async def _call_with_fallback(
         self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
     ) -> tuple[dict, bool]:
+        """A failed canary call is retried once on baseline, within the deadline and within the
+        retry budget (rollout.budget); a baseline failure is never retried on the canary."""
         first_deadline = deadline
         if arm is Arm.OPTIMIZED:  # leave the baseline retry its share of the deadline
-            budget = self.settings.request_timeout_s * self.settings.canary_timeout_fraction
-            first_deadline = min(deadline, time.perf_counter() + budget)
+            share = self.settings.request_timeout_s * self.settings.canary_timeout_fraction
+            first_deadline = min(deadline, time.perf_counter() + share)
+            self.retry_budget.record_call()
         try:
             return await self._call(obs, arm, texts, task, first_deadline), False
         except (ModelFailed, ModelTimeout, Overloaded) as exc:
             if arm is not Arm.OPTIMIZED:
                 raise
+            if not self.retry_budget.try_retry():
+                log.warning("request %s: optimized arm failed (%s), retry budget spent",
+                            rid, exc.type)
+                raise ModelFailed(f"{exc.message} (no retry: the retry budget is spent)") from None
             log.warning("request %s: optimized arm failed (%s), retrying on baseline", rid, exc.type)
         return await self._call(obs, Arm.BASELINE, texts, task, deadline), True
 

@@ -303,3 +303,14 @@ def test_out_of_memory_splits_batches_and_an_input_that_never_fits_is_413(gw):
     assert error["type"] == "input_too_large" and "[1]" in error["message"]
     assert "out of memory" in error["message"]
     assert gw.predict(["still serving"]).status_code == 200  # the replica did not crash
+
+
+def test_retry_budget_stops_a_sick_canary_from_doubling_the_load(gw):
+    gw.redeploy({"optimized": {"fault_error": True}}, retry_budget_ratio=0.0,
+                retry_budget_min_per_s=0.1)  # one retry per 10 s window
+    gw.set_state(canary_bp=10_000)
+    responses = [gw.predict([f"sick {i}"]) for i in range(4)]
+    assert responses[0].status_code == 200 and responses[0].json()["fallback"] is True
+    for response in responses[1:]:
+        assert response.status_code == 503
+        assert "retry budget" in response.json()["error"]["message"]
