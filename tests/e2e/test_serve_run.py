@@ -110,14 +110,20 @@ def test_quick_start_serves_the_default_model(served):
     assert [out["label"] for out in body["outputs"]] == ["technology", "sports"]
     embed = client.post("/v1/predict", json={"inputs": ["x"], "task": "embed"}).json()
     assert len(embed["outputs"][0]["embedding"]) == 384
-    status = json.loads(_rollout(env, "status", "--json").stdout)
-    assert status["baseline_version"] == body["model_version"]
-    assert status["optimized_version"].startswith("int8-dynamic-")
+    deadline = time.monotonic() + 30  # the gateway reports what it serves (heartbeat)
+    while not (status := json.loads(_rollout(env, "status", "--json").stdout))["gateways"]:
+        assert time.monotonic() < deadline, "the gateway never reported its versions"
+        time.sleep(0.5)
+    [report] = status["gateways"]
+    assert report["baseline_version"] == body["model_version"]
+    assert report["optimized_version"].startswith("int8-dynamic-")
 
 
 def test_cli_moves_traffic_and_kill_switch_pulls_it_back(served):
     client, env = served
     _rollout(env, "canary", "100", "--yes", "--reason", "e2e: everything to the canary")
+    bound = json.loads(_rollout(env, "status", "--json").stdout)
+    assert bound["optimized_version"].startswith("int8-dynamic-")  # the share is bound to it
     _arm_within(client, "optimized", 5)
     optimized = client.post("/v1/predict", json={"inputs": ["x"]}).json()
     assert optimized["model_version"].startswith("int8-dynamic-")
