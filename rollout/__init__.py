@@ -13,14 +13,15 @@ from rollout.policy import Arm, Decision, Reason, bucket_of, decide
 from rollout.settings import Settings
 from rollout.state import BUCKETS, AuditEntry, RolloutState, format_bp, parse_percent
 from rollout.store import MemoryStateStore, StateStore, Subscription
+from rollout.verdict import Thresholds, Verdict, judge
 from rollout.watcher import StateView, StateWatcher
 
 __all__ = [
     "Arm", "AuditEntry", "BUCKETS", "Clock", "Decision", "FakeClock", "InvalidChange",
     "MemoryStateStore", "Reason", "RevisionConflict", "RevisionNotFound", "Rollout",
     "RolloutError", "RolloutState", "Settings", "StateStore", "StateView", "StateWatcher",
-    "StoreUnavailable", "Subscription", "SystemClock", "bucket_of", "decide", "format_bp",
-    "open_store", "parse_percent",
+    "StoreUnavailable", "Subscription", "SystemClock", "Thresholds", "Verdict", "bucket_of",
+    "decide", "format_bp", "judge", "open_store", "parse_percent",
 ]
 
 

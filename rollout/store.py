@@ -1,7 +1,8 @@
 """The state store: the narrow interface every rollout change goes through, and its in-memory twin.
 
-A store keeps three things per application: the current `RolloutState`, every state it ever held
-by revision (the rollback path), and an append-only audit log. Its single write is
+A store keeps four things per application: the current `RolloutState`, every state it ever held
+by revision (the rollback path), an append-only audit log, and the latest `rollout verify`
+verdict per (baseline version, optimized version) pair. Its single write is
 `compare_and_set`: it succeeds only when the stored revision is still the one the caller read,
 so two operators acting at once never lose an update. Every successful write notifies
 subscribers, which is how gateways hear of a change within milliseconds.
@@ -18,6 +19,7 @@ import threading
 
 from rollout.errors import RevisionConflict, RevisionNotFound
 from rollout.state import AuditEntry, RolloutState
+from rollout.verdict import Verdict
 
 
 class Subscription(abc.ABC):
@@ -56,6 +58,14 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     def subscribe(self) -> Subscription: ...
+
+    @abc.abstractmethod
+    def put_verdict(self, verdict: Verdict) -> None:
+        """Keep `verdict` as the latest for its (baseline, optimized) version pair."""
+
+    @abc.abstractmethod
+    def get_verdict(self, baseline_version: str, optimized_version: str) -> Verdict | None:
+        """The latest verdict for exactly this version pair, or None."""
 
     def ping(self) -> None:
         """Raise StoreUnavailable when the store cannot be reached."""
@@ -96,6 +106,7 @@ class MemoryStateStore(StateStore):
         self._state = RolloutState()
         self._history: dict[int, RolloutState] = {}
         self._audit: list[AuditEntry] = []
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._ids = itertools.count(1)
         self._changed = threading.Condition()
         self._published = 0
@@ -137,3 +148,11 @@ class MemoryStateStore(StateStore):
 
     def subscribe(self) -> Subscription:
         return _MemorySubscription(self)
+
+    def put_verdict(self, verdict):
+        with self._changed:
+            self._verdicts[(verdict.baseline_version, verdict.optimized_version)] = verdict
+
+    def get_verdict(self, baseline_version, optimized_version):
+        with self._changed:
+            return self._verdicts.get((baseline_version, optimized_version))
