@@ -6,6 +6,7 @@
     rollout unkill --reason TEXT [--yes]       hand the canary its share back
     rollout audit [--last N] [--json]          who changed what, when and why
     rollout revert REVISION --reason TEXT [--yes]
+    rollout verify [--recipe NAME] [--set PATH] [--limit N] [--json]
 
 Safe by default: every change names a reason and an actor and lands in the audit log; a change
 that moves the canary share, or the share actually routed to the canary, by 50 points or more,
@@ -13,7 +14,8 @@ or to 100 %, asks for confirmation (or `--yes`); every change is a compare-and-s
 revision the operator saw, so a concurrent change is reported, never overwritten. The kill
 switch is the exception: it never asks and always wins.
 
-The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once.
+The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once;
+`verify` alone imports torch and transformers (ops.verify), when it runs.
 Exit codes: 0 done, 1 store unavailable, conflict or aborted, 2 invalid usage or input, 130 Ctrl-C.
 """
 
@@ -66,6 +68,7 @@ class _Context:
     stdin: IO[str]
     interactive: bool
     where: str = ""
+    settings: Settings | None = None
 
     @property
     def actor(self) -> str:
@@ -193,9 +196,15 @@ def _audit(ctx: _Context) -> int:
     return 0
 
 
+def _verify(ctx: _Context) -> int:
+    from ops.verify_command import verify
+
+    return verify(ctx, ctx.settings or settings_from(ctx.args))
+
+
 _HANDLERS = {
     "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
-    "audit": _audit, "revert": _revert,
+    "audit": _audit, "revert": _revert, "verify": _verify,
 }
 
 
@@ -216,14 +225,14 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
                 args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return exc.code if isinstance(exc.code, int) else 0
-        where = ""
+        where, settings = "", None
         if store is None:
             settings = settings_from(args)
             store = opened = open_store(settings)
             where = _where(settings)
         clock = clock or SystemClock()
         ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
-                       interactive, where)
+                       interactive, where, settings)
         return _HANDLERS[args.command](ctx)
     except KeyboardInterrupt:
         return _fail(err, "interrupted", 130, prefix="\n")
