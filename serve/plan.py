@@ -157,8 +157,13 @@ def _plan(ranked: list[str], keep: int, high_precision: str) -> dict:
 
 
 def describe(plan: dict) -> str:
-    """One line for people: 'bf16 + int8 on 30/36 Linear layers; kept: ...'."""
+    """One line for people, naming the shorter of the two layer lists:
+    'bf16 + int8 on 2/36 Linear layers (int8: layer.4.output.dense, layer.5.output.dense)'."""
     total = len(plan["int8"]) + len(plan["kept"])
-    kept = ", ".join(plan["kept"]) or "none"
+    if len(plan["int8"]) <= len(plan["kept"]):
+        which, names = "int8", plan["int8"]
+    else:
+        which, names = f"kept in {plan['high_precision']}", plan["kept"]
+    names = ", ".join(name.removeprefix("encoder.") for name in names) or "none"
     return (f"{plan['high_precision']} + int8 on {len(plan['int8'])}/{total} Linear layers "
-            f"(kept in {plan['high_precision']}: {kept})")
+            f"({which}: {names})")
