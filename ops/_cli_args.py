@@ -108,6 +108,19 @@ _COMMANDS = {
         "List the audit log, oldest first: who changed what, when, why, and the revision.",
         "examples:\n  rollout audit --last 20\n  rollout audit --json",
     ),
+    "verify": (
+        "prove the optimized model on the regression set (agreement, flips, speed, memory)",
+        "Load the baseline and the optimized variant in this process, run the regression set\n"
+        "through both and report top-1 agreement with its 95% Wilson interval, the flipped\n"
+        "inputs with both margins, agreement by baseline margin, embedding cosine, accuracy on\n"
+        "labelled inputs, throughput at several batch sizes with the speedup, and memory.\n"
+        "The verdict is stored in Redis against the two versions. Exits 1 when a threshold\n"
+        "(CANARY_VERIFY_MIN_*) is not met. Loading the models takes seconds; the accuracy-aware\n"
+        "recipe computes its plan once (about a minute) and caches it.",
+        "examples:\n  rollout verify\n  rollout verify --recipe bf16 --limit 500 --no-store\n"
+        "  rollout verify --recipe accuracy-aware --json | jq .agreement_lower_bound\n"
+        "  rollout verify --set my-inputs.jsonl   # one JSON object per line: text, label?",
+    ),
     "revert": (
         "restore the share and kill switch of an earlier revision (audited)",
         "Restore the canary share and kill switch recorded at REVISION (see `rollout audit`),\n"
@@ -156,8 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("canary", "unkill", "revert"):
         sub[name].add_argument("-y", "--yes", action="store_true",
                                help="do not ask for confirmation of a big move")
-    for name in ("status", "audit", "traces"):
+    for name in ("status", "audit", "traces", "verify"):
         sub[name].add_argument("--json", action="store_true", help="print JSON")
+    verify = sub["verify"]
+    verify.add_argument("--set", dest="set_path", metavar="PATH",
+                        help="JSONL regression set (default: CANARY_REGRESSION_SET, else the "
+                             "shipped set)")
+    verify.add_argument("--recipe", metavar="NAME",
+                        help="optimization recipe of the optimized variant (default: "
+                             "CANARY_OPTIMIZED_RECIPE); see the README for the list")
+    verify.add_argument("--limit", metavar="N", type=_positive, help="only the first N inputs")
+    verify.add_argument("--no-speed", action="store_true",
+                        help="skip the throughput and memory measurement (and the speedup gate)")
+    verify.add_argument("--sorted", action="store_true",
+                        help="time length-sorted batches instead of batches in set order")
+    verify.add_argument("--no-store", action="store_true", help="do not store the verdict")
+    verify.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sub["audit"].add_argument("--last", metavar="N", type=_positive,
                               help="only the newest N entries")
     sub["status"].add_argument("--window", metavar="SECONDS", type=_positive, default=60,
@@ -189,6 +216,10 @@ def settings_from(args) -> Settings:
         overrides["app_name"] = args.app
     if getattr(args, "redis_url", None) is not None:
         overrides["redis_url"] = args.redis_url
+    if getattr(args, "set_path", None) is not None:
+        overrides["regression_set"] = args.set_path
+    if getattr(args, "recipe", None) is not None:
+        overrides["optimized_recipe"] = args.recipe
     try:
         return Settings(**overrides)
     except ValidationError as exc:

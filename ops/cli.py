@@ -7,6 +7,7 @@
     rollout audit [--last N] [--json]          who changed what, when and why
     rollout revert REVISION --reason TEXT [--yes]
     rollout traces [--last N | --request-id ID | --trace-id ID] [--json]
+    rollout verify [--recipe NAME] [--set PATH] [--limit N] [--json]
 
 Safe by default: every change names a reason and an actor and lands in the audit log; a change
 that moves the canary share, or the share actually routed to the canary, by 50 points or more,
@@ -14,7 +15,8 @@ or to 100 %, asks for confirmation (or `--yes`); every change is a compare-and-s
 revision the operator saw, so a concurrent change is reported, never overwritten. The kill
 switch is the exception: it never asks and always wins.
 
-The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once.
+The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once;
+`verify` alone imports torch and transformers (ops.verify), when it runs.
 Exit codes: 0 done, 1 store unavailable, conflict or aborted, 2 invalid usage or input, 130 Ctrl-C.
 """
 
@@ -79,6 +81,7 @@ class _Context:
     where: str = ""
     telemetry: object | None = None  # source of Windows and Traces; None: not shown
     app: str = "default"
+    settings: Settings | None = None
 
     @property
     def actor(self) -> str:
@@ -270,9 +273,15 @@ def _audit(ctx: _Context) -> int:
     return 0
 
 
+def _verify(ctx: _Context) -> int:
+    from ops.verify_command import verify
+
+    return verify(ctx, ctx.settings or settings_from(ctx.args))
+
+
 _HANDLERS = {
     "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
-    "audit": _audit, "revert": _revert, "traces": _traces,
+    "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
 }
 
 
@@ -294,7 +303,7 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
                 args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return exc.code if isinstance(exc.code, int) else 0
-        where, app = "", "default"
+        where, app, settings = "", "default", None
         if store is None:
             settings = settings_from(args)
             store = opened = open_store(settings)
@@ -305,7 +314,7 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
             app = getattr(store, "app", app)
         clock = clock or SystemClock()
         ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
-                       interactive, where, telemetry, app)
+                       interactive, where, telemetry, app, settings)
         return _HANDLERS[args.command](ctx)
     except KeyboardInterrupt:
         return _fail(err, "interrupted", 130, prefix="\n")

@@ -24,6 +24,7 @@ from rollout.state import (
 )
 from rollout.store import MemoryStateStore, StateStore, Subscription
 from rollout.traces import MemoryTelemetry, Traces, TraceSummary
+from rollout.verdict import Thresholds, Verdict, judge
 from rollout.watcher import StateView, StateWatcher
 from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
 
@@ -33,8 +34,8 @@ __all__ = [
     "PermissionDenied", "Reason", "RequestRecord", "RevisionConflict", "RevisionNotFound",
     "Rollout", "RolloutError", "RolloutState", "Settings", "StateStore", "StateView",
     "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock", "TelemetrySink",
-    "TraceSummary", "Traces", "Windows", "bucket_of", "decide", "effective_bp", "format_bp",
-    "open_store", "open_telemetry", "parse_percent",
+    "Thresholds", "TraceSummary", "Traces", "Verdict", "Windows", "bucket_of", "decide",
+    "effective_bp", "format_bp", "judge", "open_store", "open_telemetry", "parse_percent",
 ]
 
 

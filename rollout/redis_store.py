@@ -7,6 +7,7 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `audit`    stream: actor, action, reason, revision, before, after, ts
 - `changes`  pub/sub channel: the new revision, published on every change
 - `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
+- `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
 
 The write is one Lua script, so checking the revision, writing the state, recording history,
 appending the audit entry and notifying gateways happen atomically or not at all.
@@ -22,6 +23,7 @@ import redis
 from rollout.errors import PermissionDenied, RevisionConflict, RevisionNotFound, StoreUnavailable
 from rollout.state import AuditEntry, DeploymentReport, RolloutState
 from rollout.store import StateStore, Subscription, check_successor
+from rollout.verdict import Verdict
 
 _CAS = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
@@ -102,6 +104,7 @@ class RedisStateStore(StateStore):
         self.audit_key = prefix + "audit"
         self.channel = prefix + "changes"
         self.deployed_key = prefix + "deployed"
+        self.verdicts_key = prefix + "verdicts"
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -167,8 +170,21 @@ class RedisStateStore(StateStore):
         reports = [DeploymentReport.model_validate_json(v) for v in raw.values()]
         return sorted(reports, key=lambda r: r.ts)
 
+    def put_verdict(self, verdict):
+        field = _verdict_field(verdict.baseline_version, verdict.optimized_version)
+        self._call(self._client.hset, self.verdicts_key, field, verdict.model_dump_json())
+
+    def get_verdict(self, baseline_version, optimized_version):
+        raw = self._call(self._client.hget, self.verdicts_key,
+                         _verdict_field(baseline_version, optimized_version))
+        return Verdict.model_validate_json(raw) if raw else None
+
     def close(self) -> None:
         self._client.close()
+
+
+def _verdict_field(baseline_version: str, optimized_version: str) -> str:
+    return json.dumps([baseline_version, optimized_version])
 
 
 def _entry(entry_id: str, fields: dict[str, str]) -> AuditEntry:

@@ -38,9 +38,10 @@ class Settings(BaseSettings):
     model_path: str | None = Field(
         None, description="local Hugging Face model folder; default: packaged all-MiniLM-L6-v2"
     )
-    optimized_recipe: Literal["auto", "int8-dynamic", "fp16", "bf16", "fp32"] = Field(
-        "auto", description="auto: int8 dynamic quantization on CPU, fp16 on CUDA"
-    )
+    optimized_recipe: Literal[
+        "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
+        "bf16", "compiled", "accuracy-aware",
+    ] = Field("auto", description="auto: int8 dynamic quantization on CPU, fp16 on CUDA")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     labels: Annotated[tuple[str, ...], NoDecode] = Field(
         DEFAULT_LABELS, description="zero-shot labels (comma-separated or a JSON list)"
@@ -49,6 +50,29 @@ class Settings(BaseSettings):
     default_task: Literal["classify", "embed"] = "classify"
     max_tokens: int = Field(256, ge=8, le=8192, description="inputs are truncated to this")
     torch_threads: int = Field(0, ge=0, le=256, description="0: cores / model replicas")
+
+    # --- accuracy-aware recipe and `rollout verify` ------------------------------------------
+    regression_set: str | None = Field(
+        None, description="JSONL regression set; default: the shipped serve/data/regression.jsonl"
+    )
+    plan_dir: str | None = Field(
+        None, description="cache of accuracy-aware plans; default ~/.cache/canary-gateway/plans"
+    )
+    aware_target_agreement: float = Field(
+        0.998, gt=0, le=1, description="top-1 agreement the plan must reach on calibration"
+    )
+    aware_high_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="precision of the layers a plan keeps; auto: bf16 if native"
+    )
+    verify_min_agreement: float = Field(0.995, ge=0, le=1)
+    verify_min_lower_bound: float = Field(0.99, ge=0, le=1)
+    verify_min_speedup: float = Field(1.0, ge=0, le=1000, description="at verify_speed_batch")
+    verify_min_cosine_p1: float = Field(0.0, ge=-1, le=1)
+    verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
+        (1, 8, 32), description="batch sizes whose throughput verify measures"
+    )
+    verify_speed_batch: int = Field(32, ge=1, le=4096, description="the batch of `speedup`")
+    verify_speed_inputs: int = Field(256, ge=1, le=100_000, description="inputs timed per pass")
 
     # --- batching ------------------------------------------------------------------------
     max_batch_size: int = Field(16, ge=1, le=4096, description="requests merged per batch")
@@ -135,6 +159,16 @@ class Settings(BaseSettings):
             raise ValueError("labels must be distinct")
         return labels
 
+    @field_validator("verify_batch_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, value):
+        if isinstance(value, str):
+            value = [part for part in value.replace(" ", "").split(",") if part]
+        sizes = tuple(sorted({int(v) for v in value}))
+        if not sizes or sizes[0] < 1 or sizes[-1] > 4096:
+            raise ValueError("batch sizes must be whole numbers within 1..4096")
+        return sizes
+
     @field_validator("app_name")
     @classmethod
     def _app_name(cls, value: str) -> str:
@@ -164,6 +198,8 @@ class Settings(BaseSettings):
             raise ValueError("state_staleness_s must be longer than state_poll_s")
         if self.max_batch_tokens < self.max_tokens:
             raise ValueError("max_batch_tokens must hold at least one input of max_tokens")
+        if self.verify_speed_batch not in self.verify_batch_sizes:
+            raise ValueError("verify_speed_batch must be one of verify_batch_sizes")
         if self.max_item_chars > self.max_total_chars:
             raise ValueError("max_item_chars cannot exceed max_total_chars")
         return self

@@ -1,7 +1,8 @@
 """The state store: the narrow interface every rollout change goes through, and its in-memory twin.
 
 A store keeps, per application: the current `RolloutState`, every state it ever held by revision
-(the rollback path), an append-only audit log, and what each gateway reports it serves. Its single write is
+(the rollback path), an append-only audit log, what each gateway reports it serves, and the
+latest `rollout verify` verdict per (baseline version, optimized version) pair. Its single write is
 `compare_and_set`: it succeeds only when the stored revision is still the one the caller read,
 so two operators acting at once never lose an update. Every successful write notifies
 subscribers, which is how gateways hear of a change within milliseconds.
@@ -18,6 +19,7 @@ import threading
 
 from rollout.errors import RevisionConflict, RevisionNotFound
 from rollout.state import AuditEntry, DeploymentReport, RolloutState
+from rollout.verdict import Verdict
 
 
 class Subscription(abc.ABC):
@@ -67,6 +69,16 @@ class StateStore(abc.ABC):
     def deployments(self) -> list[DeploymentReport]:
         """The newest report of every gateway, oldest first (readers judge freshness by `ts`)."""
 
+    # Verdicts are not abstract, so test doubles that wrap a store need not implement them;
+    # both real stores do, and run the same contract tests.
+    def put_verdict(self, verdict: Verdict) -> None:
+        """Keep `verdict` as the latest for its (baseline, optimized) version pair."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no verdicts")
+
+    def get_verdict(self, baseline_version: str, optimized_version: str) -> Verdict | None:
+        """The latest verdict for exactly this version pair, or None."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no verdicts")
+
     def ping(self) -> None:
         """Raise StoreUnavailable when the store cannot be reached."""
 
@@ -106,6 +118,7 @@ class MemoryStateStore(StateStore):
         self._state = RolloutState()
         self._history: dict[int, RolloutState] = {}
         self._audit: list[AuditEntry] = []
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._ids = itertools.count(1)
         self._changed = threading.Condition()
         self._published = 0
@@ -156,3 +169,11 @@ class MemoryStateStore(StateStore):
     def deployments(self):
         with self._changed:
             return sorted(self._deployments.values(), key=lambda r: r.ts)
+
+    def put_verdict(self, verdict):
+        with self._changed:
+            self._verdicts[(verdict.baseline_version, verdict.optimized_version)] = verdict
+
+    def get_verdict(self, baseline_version, optimized_version):
+        with self._changed:
+            return self._verdicts.get((baseline_version, optimized_version))

@@ -1,10 +1,15 @@
 """Builds the baseline and the optimized variant from one model source.
 
 The source is a local Hugging Face folder (default: the packaged all-MiniLM-L6-v2). The baseline
-is the source in fp32; the optimized variant applies a recipe: int8 dynamic quantization of the
-Linear layers on CPU, fp16 on CUDA (`auto`), or one named explicitly. A variant's version is a
-hash of the weight files and the recipe, so the same weights under a different recipe, or new
-weights under the same recipe, are different versions.
+is the source in fp32; the optimized variant applies a recipe (serve.recipes): int8 dynamic
+quantization of the Linear layers on CPU, fp16 on CUDA (`auto`), or one named explicitly, e.g.
+`accuracy-aware` with its per-layer plan (serve.plan). A variant's version is a hash of the
+weight files, the recipe and the plan, so the same weights under a different recipe or plan, or
+new weights under the same recipe, are different versions.
+
+Label descriptions are embedded once by the fp32 source model, before the recipe is applied, and
+shared by both arms: the labels are constants, so a disagreement between arms measures the
+inputs' path only.
 
 Tasks: `embed` (mean-pooled, L2-normalised vectors) and `classify` (an encoder classifies
 zero-shot by cosine similarity to the embedded label descriptions; a sequence-classification
@@ -14,7 +19,6 @@ model uses its own head and labels).
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from rollout.settings import Settings
+from serve.recipes import apply_recipe
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 TASKS = ("classify", "embed")
@@ -68,32 +73,51 @@ def weights_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def variant_version(weights: str, recipe: str) -> str:
-    return f"{recipe}-{hashlib.sha256(f'{weights}:{recipe}'.encode()).hexdigest()[:12]}"
+def variant_version(weights: str, recipe: str, plan: dict | None = None) -> str:
+    """`recipe-<12 hex>`: hash of the weights, the recipe and, if any, the plan's decision."""
+    key = f"{weights}:{recipe}"
+    if plan is not None:
+        from serve.plan import plan_digest
+
+        key += f":{plan_digest(plan)}"
+    return f"{recipe}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def versions(settings: Settings) -> dict[str, str]:
-    """The versions both arms will report, computed from files alone (no model is loaded)."""
+    """The versions both arms will report, from files alone (no model is loaded); an
+    accuracy-aware arm reads its plan from the plan cache (None when it was never computed)."""
     path = model_dir(settings)
     device = resolve_device(settings)
     weights = weights_digest(path)
-    return {arm: variant_version(weights, recipe_for(arm, settings, device)) for arm in ("baseline", "optimized")}
+    found = {}
+    for arm in ("baseline", "optimized"):
+        recipe = recipe_for(arm, settings, device)
+        if recipe == "accuracy-aware":
+            from serve.plan import find_plan
+
+            plan = find_plan(aware_plan_key(settings, weights, path), _plan_dir(settings))
+            found[arm] = variant_version(weights, recipe, plan) if plan else None
+        else:
+            found[arm] = variant_version(weights, recipe)
+    return found
 
 
-def apply_recipe(model: torch.nn.Module, recipe: str, device: str) -> torch.nn.Module:
-    if recipe == "fp32":
-        return model.to(device)
-    if recipe == "int8-dynamic":
-        if device != "cpu":
-            raise ValueError("int8-dynamic quantization runs on CPU only")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # eager torch.ao quantization announces deprecation
-            from torch.ao.quantization import quantize_dynamic
+def aware_plan_key(settings: Settings, weights: str, path: Path) -> str:
+    from serve.plan import plan_key, resolve_high_precision
+    from serve.regression import load_set
 
-            return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    if recipe in ("fp16", "bf16"):
-        return model.to(device=device, dtype=torch.float16 if recipe == "fp16" else torch.bfloat16)
-    raise ValueError(f"unknown recipe {recipe!r}")
+    regression = load_set(settings.regression_set)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    return plan_key(
+        weights=weights, set_digest=regression.digest, target=settings.aware_target_agreement,
+        high_precision=resolve_high_precision(settings.aware_high_precision),
+        labels=settings.labels, template=settings.label_template,
+        max_tokens=min(settings.max_tokens, getattr(config, "max_position_embeddings", 512)),
+    )
+
+
+def _plan_dir(settings: Settings) -> Path | None:
+    return Path(settings.plan_dir).expanduser() if settings.plan_dir else None
 
 
 @dataclass
@@ -110,20 +134,20 @@ class Encoded:
 class Variant:
     """A loaded model under one recipe: tokenize, forward a merged batch, postprocess."""
 
-    def __init__(self, settings: Settings, arm: str):
+    def __init__(self, settings: Settings, arm: str, *, recipe: str | None = None, progress=None):
         self.settings = settings
         self.arm = arm
         path = model_dir(settings)
         self.device = resolve_device(settings)
-        self.recipe = recipe_for(arm, settings, self.device)
-        self.version = variant_version(weights_digest(path), self.recipe)
+        self.recipe = recipe or recipe_for(arm, settings, self.device)
+        weights = weights_digest(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         self.has_head = any(a.endswith("ForSequenceClassification") for a in config.architectures or ())
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
         model = loader.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
-        self.model = apply_recipe(model, self.recipe, self.device)
         self.max_tokens = min(settings.max_tokens, getattr(config, "max_position_embeddings", 512))
+        self.model = model.to(self.device)  # fp32 until the recipe is applied below
         if self.has_head:
             self.labels = tuple(config.id2label[i] for i in range(config.num_labels))
             self.label_matrix = None
@@ -131,6 +155,31 @@ class Variant:
             self.labels = settings.labels
             texts = [settings.label_template.format(label) for label in self.labels]
             self.label_matrix = self.embed_batch([self.encode(texts)])[0]
+        self.plan = None
+        if self.recipe == "accuracy-aware":
+            self.plan = self._plan(weights, path, progress)
+        self.model = apply_recipe(self.model, self.recipe, self.device, self.plan)
+        self.version = variant_version(weights, self.recipe, self.plan)
+
+    def _plan(self, weights: str, path: Path, progress) -> dict:
+        """The cached plan for these weights and settings, computed and stored when missing."""
+        from serve.plan import find_plan, resolve_high_precision, search_plan, store_plan
+        from serve.regression import load_set
+
+        key = aware_plan_key(self.settings, weights, path)
+        plan = find_plan(key, _plan_dir(self.settings))
+        if plan is None:
+            regression = load_set(self.settings.regression_set, self.labels)
+            texts = [regression.examples[i].text for i in regression.calibration()]
+            plan = search_plan(
+                self.model, lambda model, batch: self.rows(batch, model=model), texts,
+                self.scores, target=self.settings.aware_target_agreement,
+                high_precision=resolve_high_precision(self.settings.aware_high_precision),
+                progress=progress,
+            )
+            plan.update(key=key, set_digest=regression.digest)
+            store_plan(plan, _plan_dir(self.settings))
+        return plan
 
     def encode(self, texts: list[str]) -> Encoded:
         ids = self.tokenizer(
@@ -149,13 +198,14 @@ class Variant:
         return ids.to(self.device), mask.to(self.device)
 
     @torch.inference_mode()
-    def forward_rows(self, rows: list[Sequence[int]]) -> torch.Tensor:
+    def forward_rows(self, rows: list[Sequence[int]], model: torch.nn.Module | None = None
+                     ) -> torch.Tensor:
         """One forward of token-id rows; a float32 CPU tensor with one row per input.
 
         Encoders give L2-normalised mean-pooled embeddings; classifiers give logits.
         """
         ids, mask = self._collate(rows)
-        out = self.model(input_ids=ids, attention_mask=mask)
+        out = (model or self.model)(input_ids=ids, attention_mask=mask)
         if self.has_head:
             return out.logits.float().cpu()
         hidden = out.last_hidden_state.float()
@@ -163,20 +213,38 @@ class Variant:
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=-1).cpu()
 
-    def embed_batch(self, batch: list[Encoded]) -> list[torch.Tensor]:
+    def embed_batch(self, batch: list[Encoded], model: torch.nn.Module | None = None
+                    ) -> list[torch.Tensor]:
         """Forward a merged batch at once; one tensor per request (rows = its inputs)."""
         rows = [row for item in batch for row in item.ids]
-        return list(self.forward_rows(rows).split([len(item.ids) for item in batch]))
+        return list(self.forward_rows(rows, model).split([len(item.ids) for item in batch]))
+
+    def rows(self, texts: list[str], batch_size: int = 32, model: torch.nn.Module | None = None
+             ) -> torch.Tensor:
+        """Rows (embeddings or logits) of many texts, in their order; batched by length so that
+        little is padded (a batch's result does not depend on its neighbours, see tests)."""
+        encoded = self.encode(texts).ids
+        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+        out: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            rows = self.embed_batch([Encoded([encoded[i] for i in chunk])], model=model)[0]
+            for i, row in zip(chunk, rows):
+                out[i] = row
+        return torch.stack(out)
+
+    def scores(self, rows: torch.Tensor) -> torch.Tensor:
+        """Label scores of rows: cosine similarity to the labels, or the head's probabilities."""
+        if self.has_head:
+            return rows.softmax(-1)
+        return rows @ self.label_matrix.T  # both sides are unit vectors
 
     def postprocess(self, task: str, rows: torch.Tensor) -> list[dict]:
         if task == "embed":
             if self.has_head:
                 raise ValueError("this model is a classifier: it has no `embed` task")
             return [{"embedding": [round(v, 6) for v in row]} for row in rows.tolist()]
-        if self.has_head:
-            scores = rows.softmax(-1)
-        else:
-            scores = rows @ self.label_matrix.T  # cosine similarity: both sides are unit vectors
+        scores = self.scores(rows)
         top = scores.argmax(-1).tolist()
         return [
             {"label": self.labels[best], "scores": dict(zip(self.labels, (round(s, 6) for s in row)))}

@@ -17,6 +17,7 @@ from rollout import (
     Rollout,
     RolloutState,
     StateStore,
+    Verdict,
 )
 
 WRITERS = 8
@@ -39,6 +40,18 @@ def write(store: StateStore, **changes) -> RolloutState:
     after = successor(before, **changes)
     return store.compare_and_set(
         before, after, actor="tester", action=f"write {after.revision}", reason=after.reason
+    )
+
+
+def make_verdict(baseline: str, optimized: str, *, passed: bool, agreement: float,
+                 failures: tuple[str, ...] | None = None) -> Verdict:
+    if failures is None:
+        failures = () if passed else (f"agreement {agreement} < 0.995",)
+    return Verdict(
+        baseline_version=baseline, optimized_version=optimized, passed=passed, failures=failures,
+        n=2600, agreement=agreement, agreement_lower_bound=max(0.0, agreement - 0.004),
+        speedup=2.1, cosine_p1=0.99, recipe="int8-aware", set_digest="abc", at=1_700_000_000.5,
+        by="alice@host",
     )
 
 
@@ -214,6 +227,35 @@ class StoreContract:
             assert subscription.wait(timeout=0.05) is False
         finally:
             subscription.close()
+
+    # --- verify verdicts ----------------------------------------------------------------------
+
+    def test_verdict_round_trips_under_its_version_pair(self, store):
+        assert store.get_verdict("fp32-aaa", "int8-bbb") is None
+        verdict = make_verdict("fp32-aaa", "int8-bbb", passed=True, agreement=0.997)
+
+        store.put_verdict(verdict)
+
+        assert store.get_verdict("fp32-aaa", "int8-bbb") == verdict
+        assert store.get_verdict("int8-bbb", "fp32-aaa") is None  # the order of the pair matters
+        assert store.get_verdict("fp32-aaa", "int8-ccc") is None
+        assert store.get() == RolloutState()  # a verdict is not a state change
+        assert store.audit() == []
+
+    def test_a_new_verdict_replaces_the_old_one_for_the_same_pair_only(self, store):
+        store.put_verdict(make_verdict("b", "o1", passed=False, agreement=0.9))
+        store.put_verdict(make_verdict("b", "o2", passed=True, agreement=0.999))
+        newer = make_verdict("b", "o1", passed=True, agreement=0.996, failures=())
+
+        store.put_verdict(newer)
+
+        assert store.get_verdict("b", "o1") == newer
+        assert store.get_verdict("b", "o2").agreement == 0.999
+
+    def test_versions_with_separators_do_not_collide(self, store):
+        store.put_verdict(make_verdict("a|b", "c", passed=True, agreement=1.0))
+        assert store.get_verdict("a", "b|c") is None
+        assert store.get_verdict("a|b", "c").passed is True
 
     # --- concurrency -------------------------------------------------------------------------
 

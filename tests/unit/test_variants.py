@@ -79,3 +79,29 @@ def test_truncation_to_max_tokens(encoder_dir):
 def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         Variant(Settings(model_path=str(tmp_path)), "baseline")
+
+
+def test_both_arms_share_the_fp32_label_embeddings(encoder_dir):
+    settings = Settings(model_path=str(encoder_dir), optimized_recipe="int8-dynamic")
+    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    assert opt.label_matrix.dtype == torch.float32
+    assert torch.equal(base.label_matrix, opt.label_matrix)
+
+
+@pytest.mark.parametrize("recipe", ["int8-dynamic-per-channel", "bf16", "fp16", "int8-torchao"])
+def test_every_cpu_recipe_runs_and_stays_close_to_fp32(encoder_dir, recipe):
+    base = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    opt = Variant(Settings(model_path=str(encoder_dir), optimized_recipe=recipe), "optimized")
+    assert opt.recipe == recipe and opt.version.startswith(f"{recipe}-")
+    texts = ["a short one", "numbers 1 2 3 and emoji 🚀", "word " * 40]
+    cosine = (base.rows(texts) * opt.rows(texts)).sum(-1)
+    assert cosine.min() > 0.95, cosine
+    assert opt.version != base.version
+
+
+def test_rows_keep_input_order_whatever_the_batching(encoder_dir):
+    variant = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    texts = ["word " * n for n in (30, 1, 12, 5, 60, 2)]
+    together = variant.rows(texts, batch_size=4)
+    alone = torch.cat([variant.rows([t]) for t in texts])
+    assert torch.allclose(together, alone, atol=1e-5)

@@ -1,0 +1,205 @@
+"""`rollout verify`: the offline regression gate between the baseline and the optimized variant.
+
+Loads both variants in this process (serve.variants.Variant), runs the regression set through
+both, and measures, side by side in one run:
+
+- top-1 agreement with its Wilson interval, flips with both margins, agreement by baseline-margin
+  bucket, embedding cosine, accuracy on labelled inputs (rollout.agreement);
+- throughput of both variants at each of `verify_batch_sizes`: the same inputs (an evenly spaced
+  sample of the set, in the set's order, so batches mix lengths as served traffic does), the
+  variants interleaved round by round and the best of the rounds kept, so that machine noise hits
+  both alike; the `speedup` is the ratio at `verify_speed_batch`, tokenization included;
+- memory of each: the size of its weights as serialized, and the peak resident-set growth while
+  it runs the largest batch (peak allocated bytes on CUDA).
+
+The agreement pass batches inputs by length (little padding, as a token-budget batcher would).
+The verdict (thresholds `verify_min_*`) is stored against the two versions. torch and
+transformers are imported here, and this module is only imported by the `verify` command.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rollout.agreement import Pair, Summary, margins, summarize
+from rollout.settings import Settings
+from serve.regression import RegressionSet, load_set
+from serve.variants import Variant
+
+CHUNK = 256  # inputs per progress step of the agreement pass
+
+
+@dataclass
+class Report:
+    baseline: Variant
+    optimized: Variant
+    regression: RegressionSet
+    summary: Summary
+    held_out: Summary | None
+    throughput: list[dict] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)
+    speedup: float | None = None
+    sorted_speed: bool = False
+
+
+class _Bar:
+    """A tqdm bar on the operator's stderr, or nothing."""
+
+    def __init__(self, stream, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=0, file=stream, unit="step", dynamic_ncols=True, leave=False,
+                            mininterval=0.5)
+
+    def stage(self, name: str, total: int) -> None:
+        if self.bar is not None:
+            self.bar.reset(total=total)
+            self.bar.set_description(name)
+
+    def step(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
+        sorted_speed: bool = False, speed: bool = True) -> Report:
+    torch.set_num_threads(settings.threads_per_model(replicas=1))
+    bar = _Bar(progress_stream, progress_stream is not None)
+    try:
+        bar.stage("loading baseline", 1)
+        baseline = Variant(settings, "baseline")
+        bar.step()
+        regression = load_set(settings.regression_set, baseline.labels).limited(limit)
+        bar.stage(f"loading {settings.optimized_recipe}", 1)
+        optimized = Variant(settings, "optimized", progress=lambda k, a: bar.step(0))
+        bar.step()
+        summary, held_out = _agreement(baseline, optimized, regression, bar)
+        report = Report(baseline, optimized, regression, summary, held_out,
+                        sorted_speed=sorted_speed)
+        if speed:
+            _speed(report, settings, bar)
+        return report
+    finally:
+        bar.close()
+
+
+def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet, bar: _Bar):
+    texts = regression.texts
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    rows = {"baseline": [None] * len(texts), "optimized": [None] * len(texts)}
+    chunks = [order[i:i + CHUNK] for i in range(0, len(order), CHUNK)]
+    for arm, variant in (("baseline", baseline), ("optimized", optimized)):
+        bar.stage(f"agreement: {arm}", len(chunks))
+        for chunk in chunks:
+            for i, row in zip(chunk, variant.rows([texts[i] for i in chunk])):
+                rows[arm][i] = row
+            bar.step()
+    base_rows, opt_rows = torch.stack(rows["baseline"]), torch.stack(rows["optimized"])
+    base_scores = baseline.scores(base_rows).tolist()
+    opt_scores = optimized.scores(opt_rows).tolist()
+    cosines = None if baseline.has_head else (base_rows * opt_rows).sum(-1).tolist()
+    index = {label: i for i, label in enumerate(baseline.labels)}
+    pairs = []
+    for i, example in enumerate(regression.examples):
+        b_top, b_margin = margins(base_scores[i])
+        o_top, o_margin = margins(opt_scores[i])
+        pairs.append(Pair(b_top, o_top, b_margin, o_margin,
+                          cosine=cosines[i] if cosines else None,
+                          truth=index.get(example.label) if example.label else None, index=i))
+    held_out = None
+    if optimized.plan is not None:
+        held = set(regression.held_out())
+        held_out = summarize([p for p in pairs if p.index in held])
+    return summarize(pairs), held_out
+
+
+def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:
+    texts = report.regression.texts
+    step = max(1, len(texts) // settings.verify_speed_inputs)
+    sample = texts[::step][: settings.verify_speed_inputs]
+    if report.sorted_speed:
+        sample = sorted(sample, key=len)
+    variants = {"baseline": report.baseline, "optimized": report.optimized}
+    sizes = settings.verify_batch_sizes
+    bar.stage("throughput", len(sizes) * rounds * 2)
+    for size in sizes:
+        batches = [sample[i:i + size] for i in range(0, len(sample), size)]
+        best = {}
+        for arm, variant in variants.items():  # warm-up: first shapes, lazy init, compilation
+            _pass(variant, batches[:1])
+        for _ in range(rounds):
+            for arm, variant in variants.items():
+                best[arm] = min(best.get(arm, float("inf")), _pass(variant, batches))
+                bar.step()
+        row = {"batch": size, "inputs": len(sample)}
+        for arm in variants:
+            row[arm] = len(sample) / best[arm]
+        row["speedup"] = row["optimized"] / row["baseline"]
+        report.throughput.append(row)
+        if size == settings.verify_speed_batch:
+            report.speedup = row["speedup"]
+    largest = [sample[: max(sizes)]]
+    for arm, variant in variants.items():
+        report.memory[arm] = {
+            "weights_mib": _weights_bytes(variant.model) / 2**20,
+            "peak_mib": _peak_bytes(variant, largest) / 2**20,
+            "batch": max(sizes),
+        }
+
+
+def _pass(variant: Variant, batches: list[list[str]]) -> float:
+    start = time.perf_counter()
+    for texts in batches:
+        variant.postprocess("classify", variant.embed_batch([variant.encode(texts)])[0])
+    return time.perf_counter() - start
+
+
+def _weights_bytes(model: torch.nn.Module) -> int:
+    buffer = io.BytesIO()
+    state = getattr(model, "_orig_mod", model).state_dict()
+    torch.save(state, buffer)
+    return buffer.tell()
+
+
+def _peak_bytes(variant: Variant, batches: list[list[str]]) -> int:
+    """Peak memory growth while `variant` runs `batches`: CUDA allocator peak, or sampled RSS."""
+    if variant.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        _pass(variant, batches)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    before = _rss()
+    peak = [before]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], _rss())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        _pass(variant, batches)
+    finally:
+        done.set()
+        thread.join()
+    return max(0, max(peak[0], _rss()) - before)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,158 @@
+"""Paired baseline/optimized comparison: agreement, its confidence bound, flips, margins, cosine.
+
+Pure Python, no torch: the offline gate (`rollout verify`) and the gateway's online shadow
+comparison feed it the same per-input pairs and read the same numbers.
+
+A *pair* is one input answered by both arms: each arm's top-1 label index and its *margin* (top-1
+score minus top-2 score: how far the input sits from that arm's decision boundary), the cosine
+between the two arms' embeddings, and optionally the input's true label.
+
+- **Agreement** is the share of pairs whose top-1 labels match. Its confidence interval is
+  Wilson's score interval, which stays inside [0, 1] and is honest at 100 % and for small n
+  (the normal approximation claims certainty after 20 agreeing pairs). `lower_bound` is the
+  lower end of the two-sided interval at `confidence` (default 95 %): conservative, it is also a
+  one-sided bound at 97.5 %.
+- **Margin buckets** group pairs by the *baseline's* margin, so one sees that flips sit at the
+  decision boundary (small margins) and not in the confident bulk, where they would mean damage.
+- **Cosine** is summarised by mean, 1st percentile (nearest rank) and minimum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+MARGIN_EDGES = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)  # bucket i holds edges[i] <= margin < edges[i+1]
+
+
+def z_for(confidence: float) -> float:
+    """The two-sided normal quantile: 1.96 for 0.95."""
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must lie strictly between 0 and 1")
+    return NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion; (0.0, 1.0) when n == 0."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    z = z_for(confidence)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    if successes == n:  # exact at the edges, free of float round-off
+        high = 1.0
+    if successes == 0:
+        low = 0.0
+    return low, high
+
+
+def bucket_label(index: int, edges: tuple[float, ...] = MARGIN_EDGES) -> str:
+    low = edges[index]
+    return f"{low:g}-{edges[index + 1]:g}" if index + 1 < len(edges) else f">={low:g}"
+
+
+def bucket_of(margin: float, edges: tuple[float, ...] = MARGIN_EDGES) -> int:
+    """Index of the bucket holding `margin` (margins below edges[0] fall into bucket 0)."""
+    index = 0
+    for i, edge in enumerate(edges):
+        if margin >= edge:
+            index = i
+    return index
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Pair:
+    baseline: int
+    optimized: int
+    baseline_margin: float
+    optimized_margin: float
+    cosine: float | None = None
+    truth: int | None = None
+    index: int = -1  # position in the regression set, to name flipped inputs
+
+    @property
+    def agrees(self) -> bool:
+        return self.baseline == self.optimized
+
+
+@dataclass(frozen=True)
+class Bucket:
+    label: str
+    n: int
+    agree: int
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agree / self.n if self.n else None
+
+
+@dataclass(frozen=True)
+class CosineStats:
+    mean: float
+    p1: float
+    min: float
+
+
+@dataclass
+class Summary:
+    n: int
+    agree: int
+    agreement: float
+    lower_bound: float
+    upper_bound: float
+    buckets: list[Bucket]
+    flips: list[Pair]
+    cosine: CosineStats | None
+    accuracy: dict[str, float] | None = field(default=None)  # {"baseline", "optimized", "n"}
+
+
+def summarize(pairs: list[Pair], *, confidence: float = 0.95,
+              edges: tuple[float, ...] = MARGIN_EDGES) -> Summary:
+    """Every agreement figure of a list of pairs."""
+    n = len(pairs)
+    agree = sum(p.agrees for p in pairs)
+    low, high = wilson_interval(agree, n, confidence)
+    counts = [[0, 0] for _ in edges]
+    for p in pairs:
+        cell = counts[bucket_of(p.baseline_margin, edges)]
+        cell[0] += 1
+        cell[1] += p.agrees
+    buckets = [Bucket(bucket_label(i, edges), c[0], c[1]) for i, c in enumerate(counts)]
+    cosines = [p.cosine for p in pairs if p.cosine is not None]
+    cosine = None
+    if cosines:
+        cosine = CosineStats(sum(cosines) / len(cosines), percentile(cosines, 1), min(cosines))
+    labelled = [p for p in pairs if p.truth is not None]
+    accuracy = None
+    if labelled:
+        accuracy = {
+            "n": len(labelled),
+            "baseline": sum(p.baseline == p.truth for p in labelled) / len(labelled),
+            "optimized": sum(p.optimized == p.truth for p in labelled) / len(labelled),
+        }
+    flips = sorted((p for p in pairs if not p.agrees), key=lambda p: -p.baseline_margin)
+    return Summary(n, agree, agree / n if n else 0.0, low, high, buckets, flips, cosine, accuracy)
+
+
+def margins(scores: list[float]) -> tuple[int, float]:
+    """(top-1 index, top-1 minus top-2 score) of one input's label scores."""
+    if len(scores) < 2:
+        raise ValueError("need at least two label scores")
+    best = max(range(len(scores)), key=scores.__getitem__)
+    runner_up = max(s for i, s in enumerate(scores) if i != best)
+    return best, scores[best] - runner_up

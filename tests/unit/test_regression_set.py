@@ -1,0 +1,75 @@
+"""The shipped regression set and the JSONL loader."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from ops.make_regression_set import OUTPUT, generate, render
+from rollout.settings import DEFAULT_LABELS
+from serve.regression import DEFAULT_SET, RegressionSetError, load_set
+
+
+def test_shipped_set_is_the_generators_output():
+    assert OUTPUT == DEFAULT_SET
+    assert DEFAULT_SET.read_text(encoding="utf-8") == render(generate())
+
+
+def test_shipped_set_is_big_varied_and_small_on_disk():
+    regression = load_set(None, DEFAULT_LABELS)
+    assert len(regression) >= 2000
+    assert DEFAULT_SET.stat().st_size < 1_000_000
+    kinds = Counter(e.meta["kind"] for e in regression.examples)
+    for kind in ("topical", "boundary", "short", "long", "near-limit", "unicode", "multilingual",
+                 "code", "numbers", "near-duplicate", "salad"):
+        assert kinds[kind] >= 50, kind
+    texts = regression.texts
+    assert max(len(t.split()) for t in texts) > 300  # past the 256-token limit
+    assert min(len(t) for t in texts) <= 3
+    assert any(ord(ch) > 0x1F000 for t in texts for ch in t)  # emoji
+    assert any("\u4e00" <= ch <= "\u9fff" for t in texts for ch in t)  # CJK
+    labelled = [e for e in regression.examples if e.label]
+    assert len(labelled) > 1000 and {e.label for e in labelled} == set(DEFAULT_LABELS)
+    assert len(regression.calibration()) + len(regression.held_out()) == len(regression)
+    assert not set(regression.calibration()) & set(regression.held_out())
+
+
+def test_generation_is_deterministic():
+    assert generate() == generate()
+    assert generate(seed=1) != generate()
+
+
+def test_user_sets_load_with_optional_labels(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"text": "hello", "label": "sports"}\n\n{"text": "bye", "id": 7}\n')
+    regression = load_set(path, ("sports", "health"))
+    assert [(e.text, e.label) for e in regression.examples] == [("hello", "sports"), ("bye", None)]
+    assert regression.examples[1].meta == {"id": 7}
+    assert len(regression.digest) == 16
+    assert regression.limited(1).texts == ["hello"]
+    assert regression.limited(1).digest != regression.digest
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("not json\n", ":1: not JSON"),
+    ('{"text": "a"}\n[1]\n', ":2: expected a JSON object"),
+    ('{"text": ""}\n', "`text` must be a non-empty string"),
+    ('{"label": "sports"}\n', "`text` must be a non-empty string"),
+    ('{"text": "a", "label": "cooking"}\n', "'cooking' is not one of the model's labels"),
+    ("\n\n", "has no inputs"),
+])
+def test_malformed_sets_name_the_line(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(RegressionSetError, match=message.replace("[", r"\[")):
+        load_set(path, ("sports", "health"))
+
+
+def test_a_missing_set_is_a_clear_error(tmp_path):
+    with pytest.raises(RegressionSetError, match="cannot read regression set"):
+        load_set(tmp_path / "nope.jsonl")
+
+
+def test_every_line_is_one_json_object():
+    for line in DEFAULT_SET.read_text(encoding="utf-8").splitlines():
+        assert set(json.loads(line)) <= {"text", "label", "kind"}
