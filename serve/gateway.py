@@ -36,6 +36,8 @@ from rollout import (
     format_bp,
     open_store,
 )
+from rollout.budget import RetryBudget
+from serve.batching import RowsDidNotFit
 from serve.errors import (
     GatewayError,
     InProgress,
@@ -49,10 +51,8 @@ from serve.errors import (
     id_headers,
     to_response,
 )
-from serve.observe import Observation, Observer
-from rollout.budget import RetryBudget
-from serve.batching import RowsDidNotFit
 from serve.idempotent import REPLAYED, Idempotency
+from serve.observe import Observation, Observer
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
 from serve.telemetry import Telemetry
 

@@ -21,9 +21,9 @@ import torch
 from ray import serve
 
 from rollout.settings import Settings
+from serve.batching import RowsDidNotFit, run_budgeted
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
-from serve.batching import RowsDidNotFit, run_budgeted
 from serve.variants import Encoded, Variant
 
 
