@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import redis
 
 from rollout.clock import Clock, SystemClock
-from rollout.redis_store import _UNAVAILABLE, _unavailable
+from rollout.redis_store import call_redis
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,7 @@ class RedisIdempotencyStore(IdempotencyStore):
         )
 
     def _call(self, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except _UNAVAILABLE as exc:
-            raise _unavailable(exc, self.url) from None
+        return call_redis(self.url, fn, *args, **kwargs)
 
     def claim(self, key, fingerprint):
         pending = IdempotencyRecord(fingerprint, False).to_json()

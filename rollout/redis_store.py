@@ -46,6 +46,19 @@ def _unavailable(exc: Exception, url: str) -> StoreUnavailable:
     return StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
 
 
+def call_redis(url: str, fn, *args, **kwargs):
+    """One Redis call: connection trouble becomes StoreUnavailable and a refused permission
+    PermissionDenied, with the URL's password masked in either message."""
+    try:
+        return fn(*args, **kwargs)
+    except _UNAVAILABLE as exc:
+        raise _unavailable(exc, url) from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise PermissionDenied(
+            f"Redis at {redact_url(url)} refused: {str(exc).splitlines()[0]}"
+        ) from None
+
+
 def redact_url(url: str) -> str:
     """The URL without its password, for messages and logs."""
     url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
@@ -115,14 +128,7 @@ class RedisStateStore(StateStore):
         self._cas = self._client.register_script(_CAS)
 
     def _call(self, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except _UNAVAILABLE as exc:
-            raise _unavailable(exc, self.url) from None
-        except redis.exceptions.NoPermissionError as exc:
-            raise PermissionDenied(
-                f"Redis at {redact_url(self.url)} refused: {str(exc).splitlines()[0]}"
-            ) from None
+        return call_redis(self.url, fn, *args, **kwargs)
 
     def ping(self) -> None:
         self._call(self._client.ping)
