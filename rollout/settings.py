@@ -41,7 +41,9 @@ class Settings(BaseSettings):
     optimized_recipe: Literal[
         "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
         "bf16", "compiled", "accuracy-aware",
-    ] = Field("auto", description="auto: int8 dynamic quantization on CPU, fp16 on CUDA")
+    ] = Field(
+        "auto", description="auto: bf16 on CPUs with native bf16, else int8 dynamic; fp16 on CUDA"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     labels: Annotated[tuple[str, ...], NoDecode] = Field(
         DEFAULT_LABELS, description="zero-shot labels (comma-separated or a JSON list)"

@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rollout import Settings
+from serve.variants import recipe_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.e2e
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8000"
+AUTO_CPU = recipe_for("optimized", Settings(), "cpu")  # bf16 on CPUs with native bf16
 
 
 def _rss_mib(session_leader: int) -> float:
@@ -116,17 +119,17 @@ def test_quick_start_serves_the_default_model(served):
         time.sleep(0.5)
     [report] = status["gateways"]
     assert report["baseline_version"] == body["model_version"]
-    assert report["optimized_version"].startswith("int8-dynamic-")
+    assert report["optimized_version"].startswith(AUTO_CPU + "-")
 
 
 def test_cli_moves_traffic_and_kill_switch_pulls_it_back(served):
     client, env = served
     _rollout(env, "canary", "100", "--yes", "--reason", "e2e: everything to the canary")
     bound = json.loads(_rollout(env, "status", "--json").stdout)
-    assert bound["optimized_version"].startswith("int8-dynamic-")  # the share is bound to it
+    assert bound["optimized_version"].startswith(AUTO_CPU + "-")  # the share is bound to it
     _arm_within(client, "optimized", 5)
     optimized = client.post("/v1/predict", json={"inputs": ["x"]}).json()
-    assert optimized["model_version"].startswith("int8-dynamic-")
+    assert optimized["model_version"].startswith(AUTO_CPU + "-")
 
     _rollout(env, "kill", "--reason", "e2e: pull it back")
     _arm_within(client, "baseline", 2)

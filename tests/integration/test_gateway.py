@@ -8,9 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rollout import decide
+from rollout import Settings, decide
+from serve.variants import recipe_for
 
 pytestmark = pytest.mark.integration
+
+AUTO_CPU = recipe_for("optimized", Settings(), "cpu")  # bf16 on CPUs with native bf16
 
 
 def _arms(gw, keys, workers=16):
@@ -58,7 +61,8 @@ def test_share_zero_sends_everything_to_baseline(gw):
 def test_share_hundred_sends_everything_to_optimized(gw):
     gw.set_state(canary_bp=10_000)
     response = gw.predict(["x"])
-    assert response.json()["model_version"].startswith("int8-dynamic-")
+    assert response.json()["model_version"] == gw.served_state()["serving"]["optimized"]
+    assert response.json()["model_version"].startswith(AUTO_CPU + "-")
     arms = _arms(gw, [f"all-{i}" for i in range(200)])
     assert set(arms.values()) == {"optimized"}
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rollout import Settings
+from serve.plan import bf16_native
 from serve.variants import Variant, recipe_for, variant_version, versions, weights_digest
 from tests.tiny_model import make_tiny_encoder
 
@@ -21,7 +22,7 @@ def classifier_dir(tmp_path_factory):
 def test_recipes_by_arm_and_device():
     auto = Settings()
     assert recipe_for("baseline", auto, "cpu") == "fp32"
-    assert recipe_for("optimized", auto, "cpu") == "int8-dynamic"
+    assert recipe_for("optimized", auto, "cpu") == ("bf16" if bf16_native() else "int8-dynamic")
     assert recipe_for("optimized", auto, "cuda") == "fp16"
     assert recipe_for("optimized", Settings(optimized_recipe="bf16"), "cpu") == "bf16"
 
@@ -32,7 +33,7 @@ def test_version_hashes_weights_and_recipe(encoder_dir, tmp_path):
     other = make_tiny_encoder(tmp_path / "other")
     (other / "config.json").write_text((other / "config.json").read_text() + "\n")
     assert weights_digest(other) != digest
-    found = versions(Settings(model_path=str(encoder_dir)))
+    found = versions(Settings(model_path=str(encoder_dir), optimized_recipe="int8-dynamic"))
     assert found == {
         "baseline": variant_version(digest, "fp32"),
         "optimized": variant_version(digest, "int8-dynamic"),
@@ -40,7 +41,8 @@ def test_version_hashes_weights_and_recipe(encoder_dir, tmp_path):
 
 
 def test_encoder_variants_embed_and_classify(encoder_dir):
-    settings = Settings(model_path=str(encoder_dir), labels=("cats", "dogs", "cars"))
+    settings = Settings(model_path=str(encoder_dir), labels=("cats", "dogs", "cars"),
+                        optimized_recipe="int8-dynamic")
     base = Variant(settings, "baseline")
     opt = Variant(settings, "optimized")
     assert base.version.startswith("fp32-") and opt.version.startswith("int8-dynamic-")
