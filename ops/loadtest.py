@@ -23,14 +23,9 @@ from pathlib import Path
 
 import httpx
 
+from rollout.agreement import percentile
+
 EXPLICIT = {413, 422, 429, 503, 504}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def serve_processes() -> dict[int, str]:
@@ -131,8 +126,8 @@ async def run(args) -> dict:
         "other": {c: n for c, n in statuses.items() if c != "200" and (c.startswith("lost") or int(c) not in EXPLICIT)},
         "statuses": dict(statuses),
         "throughput_ok_per_s": round(ok / elapsed, 1) if elapsed else 0.0,
-        "p50_ms": round(_percentile(latencies, 0.50), 1),
-        "p99_ms": round(_percentile(latencies, 0.99), 1),
+        "p50_ms": round(percentile(latencies, 50), 1) if latencies else None,
+        "p99_ms": round(percentile(latencies, 99), 1) if latencies else None,
         "client_throttled": throttled,
     }
     if memory:

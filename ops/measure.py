@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from rollout import Rollout, Settings, open_store, parse_percent
+from rollout.agreement import percentile
 
 ACTOR = "measure"
 
@@ -147,11 +148,6 @@ def measure_share(control: Rollout, url: str, keys: int, shares: list[int], work
     return results
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.measure", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "kill":
             lags = measure_kill(control, args.url, args.flips, args.workers)
             print(f"kill propagation over {len(lags)} flips: p50 {statistics.median(lags):.1f} ms, "
-                  f"p99 {_percentile(lags, 0.99):.1f} ms, max {max(lags):.1f} ms")
+                  f"p99 {percentile(lags, 99):.1f} ms, max {max(lags):.1f} ms")
         else:
             shares = [parse_percent(s) for s in args.shares.split(",")]
             for configured, observed in measure_share(control, args.url, args.keys, shares, args.workers):
