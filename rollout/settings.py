@@ -26,6 +26,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("REDIS_URL", "CANARY_REDIS_URL", "redis_url"),
         description="Redis holding the rollout state, audit log and change channel",
     )
+    control_redis_url: str | None = Field(
+        None,
+        description="Redis URL with write access to the rollout state, used inside the "
+        "application by the ramp controller and dashboard actions; None: REDIS_URL",
+    )
     app_name: str = Field("default", description="namespace of this application's Redis keys")
     redis_timeout_s: float = Field(2.0, gt=0, le=30)
     state_poll_s: float = Field(1.0, gt=0, le=60, description="fallback poll of the state")
@@ -178,9 +183,11 @@ class Settings(BaseSettings):
             raise ValueError("app_name: 1-64 letters, digits, '_', '.' or '-'")
         return value
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "control_redis_url")
     @classmethod
-    def _redis_url(cls, value: str) -> str:
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if not re.match(r"^(redis|rediss|unix)://", value):
             raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
         return value
@@ -205,6 +212,11 @@ class Settings(BaseSettings):
         if self.max_item_chars > self.max_total_chars:
             raise ValueError("max_item_chars cannot exceed max_total_chars")
         return self
+
+    def control_settings(self) -> Settings:
+        """These settings with the control connection as `redis_url`: what in-app components
+        that change the rollout state (ramp controller, dashboard actions) open stores with."""
+        return self.model_copy(update={"redis_url": self.control_redis_url or self.redis_url})
 
     def threads_per_model(self, replicas: int = 2) -> int:
         return self.torch_threads or max(1, (os.cpu_count() or 1) // replicas)

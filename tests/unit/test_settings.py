@@ -209,3 +209,14 @@ def test_out_of_range_fields_are_rejected_by_name(field, value):
 def test_threads_per_model():
     assert Settings(torch_threads=3).threads_per_model() == 3
     assert Settings().threads_per_model(replicas=10_000) == 1
+
+
+def test_control_connection_defaults_to_redis_url_and_is_validated():
+    plain = Settings(redis_url="redis://gateway:pw@h:6379/0")
+    assert plain.control_settings().redis_url == "redis://gateway:pw@h:6379/0"
+    split = Settings(redis_url="redis://gateway:pw@h:6379/0",
+                     control_redis_url="rediss://controller:pw@h:6380/0")
+    assert split.control_settings().redis_url == "rediss://controller:pw@h:6380/0"
+    assert split.redis_url == "redis://gateway:pw@h:6379/0"
+    with pytest.raises(pydantic.ValidationError, match="must start with redis://"):
+        Settings(control_redis_url="http://h:6379")
