@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollout.clock import Clock, SystemClock
+from rollout.shadow import ShadowStats, aggregate_shadow, shadow_key
 
 OUTCOMES = ("ok", "error", "timeout", "overloaded")  # of one model call
 STAGES = ("preprocess", "queue", "forward", "postprocess")  # inside a model replica
@@ -263,3 +264,10 @@ class Windows:
 
     def arms(self, last_s: int = 60) -> dict[str, ArmStats]:
         return {arm: self.arm(arm, last_s) for arm in self.ARMS}
+
+    def shadow(self, last_s: int = 60) -> ShadowStats:
+        """Online agreement of shadowed requests over the last `last_s` seconds
+        (rollout.shadow), e.g. `windows.shadow(300).lower_bound`."""
+        now = int(self.clock.time())
+        keys = [shadow_key(self.app, second) for second in range(now - last_s + 1, now + 1)]
+        return aggregate_shadow(self.source.hashes(keys), float(last_s))

@@ -108,7 +108,10 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "state_poll_s": 0.2, "state_staleness_s": 1.5, "request_timeout_s": 5.0, "max_items": 8,
         "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
-        "telemetry_flush_s": 0.05, "device_hour_price": 3.6, **overrides,
+        "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
+        # no shadow calls unless a test asks (redeploy(..., shadow_share=1.0)): tests that count
+        # model calls or batch sizes must not see them
+        "shadow_share": 0.0, **overrides,
     })
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
