@@ -32,7 +32,7 @@ from typing import IO
 
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
 from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
-from ops._cli_telemetry import arm_rows, trace_rows, waterfall
+from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
 from rollout import (
     BUCKETS,
     Clock,
@@ -44,6 +44,7 @@ from rollout import (
     RolloutError,
     RolloutState,
     Settings,
+    ShadowStats,
     StateStore,
     StoreUnavailable,
     SystemClock,
@@ -122,19 +123,21 @@ def _big_move(before: RolloutState, after: RolloutState) -> bool:
     return False
 
 
-def _traffic(ctx: _Context) -> tuple[dict | None, str | None]:
-    """Per-arm window statistics, or why there are none; never fails the status command."""
+def _traffic(ctx: _Context) -> tuple[dict | None, ShadowStats | None, str | None]:
+    """Per-arm window statistics and online agreement, or why there are none; never fails the
+    status command."""
     try:
         windows = Windows(ctx.telemetry, ctx.app, clock=ctx.clock)
-        return windows.arms(ctx.args.window), None
+        return windows.arms(ctx.args.window), windows.shadow(ctx.args.window), None
     except StoreUnavailable as exc:
-        return None, str(exc)
+        return None, None, str(exc)
 
 
 def _status(ctx: _Context) -> int:
     state = ctx.rollout.state()
     reports = ctx.rollout.store.deployments()
-    traffic, problem = _traffic(ctx) if ctx.telemetry is not None else (None, None)
+    traffic, shadow, problem = (_traffic(ctx) if ctx.telemetry is not None
+                                else (None, None, None))
     if ctx.args.json:
         doc = state.model_dump(mode="json")
         doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100,
@@ -143,6 +146,7 @@ def _status(ctx: _Context) -> int:
             doc["traffic"] = {
                 "window_s": ctx.args.window, "error": problem,
                 "arms": {arm: s.as_dict() for arm, s in traffic.items()} if traffic else None,
+                "shadow": shadow.as_dict() if shadow else None,
             }
         ctx.say(json.dumps(doc))
         return 0
@@ -162,6 +166,10 @@ def _status(ctx: _Context) -> int:
     else:
         ctx.say(f"traffic over the last {ctx.args.window}s:")
         for line in arm_rows(traffic):
+            ctx.say(line)
+    if shadow is not None:
+        ctx.say("")
+        for line in shadow_lines(shadow):
             ctx.say(line)
     return 0
 
