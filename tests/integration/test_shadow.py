@@ -9,6 +9,7 @@ import json
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ops import cli
 
@@ -86,6 +87,10 @@ def test_shadowed_requests_record_agreement_and_cosine_but_never_while_killed(gw
         assert 0.9 < cosine <= 1.0
     finally:
         store.close()
+    samples = _scrape(gw)  # this gateway replica's counters since the redeploy
+    assert samples.get(("canary_shadow_calls_total", "optimized", "ok"), 0) == 5
+    assert sum(v for k, v in samples.items() if k[0] == "canary_shadow_pairs_total") == 6
+    assert samples.get(("canary_shadow_cosine_count", "optimized", None), 0) == 4
     out = _status_json(gw)
     assert out["traffic"]["shadow"]["pairs"] >= 6
     assert out["traffic"]["shadow"]["lower_bound"] is not None
@@ -126,6 +131,18 @@ def test_a_slow_shadowed_arm_neither_delays_responses_nor_escapes_the_bound(gw):
     assert stats.shed - before.shed >= 1
     assert stats.calls - before.calls >= 1
     assert total(stats) == total(before) + 4
+
+
+def _scrape(gw) -> dict[tuple, float]:
+    """GET /metrics as {(sample name, arm, outcome): value}, summed over other labels."""
+    response = gw.client.get("/metrics")
+    assert response.status_code == 200
+    samples: dict[tuple, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("arm"), sample.labels.get("outcome"))
+            samples[key] = samples.get(key, 0.0) + sample.value
+    return samples
 
 
 def _status_json(gw) -> dict:

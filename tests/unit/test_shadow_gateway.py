@@ -56,7 +56,7 @@ class Rig:
     def __init__(self, model: Model, *, seed: int = 7, **overrides):
         self.store, self.spans = Store(), InMemorySpanExporter()
         self.reader = InMemoryMetricReader()
-        self.settings = Settings(**{"shadow_share": 1.0, **overrides})
+        self.settings = Settings(**{"shadow_share": 1.0, "telemetry_flush_s": 0.01, **overrides})
         self.telemetry = Telemetry(self.settings, "canary-gateway", span_exporters=[self.spans],
                                    metric_readers=[self.reader], store=self.store, environ={})
         self.model = model
@@ -267,3 +267,58 @@ def test_telemetry_off_means_no_shadow_calls():
     rig, outcome = asyncio.run(scenario())
     assert outcome == "off" and rig.model.calls == []
     rig.close()
+
+
+def test_a_telemetry_failure_while_recording_is_logged_and_never_raised(caplog):
+    class Broken:
+        def offer(self, item):
+            raise RuntimeError("sink broke")
+
+    async def scenario():
+        rig = Rig(Model("sports"), shadow_max_concurrency=1)
+        real, rig.telemetry.sink = rig.telemetry.sink, Broken()
+        first = rig.offer("sports")
+        await rig.settle()
+        second = rig.offer("sports")
+        await rig.settle()
+        rig.telemetry.sink = real
+        return rig, first, second
+
+    rig, first, second = asyncio.run(scenario())
+    assert (first, second) == ("started", "started")  # the slot was released all the same
+    assert "recording a shadow comparison failed" in caplog.text
+    assert rig.metric("canary.shadow.calls")[(("arm", "optimized"), ("outcome", "ok"))] == 2
+    rig.close()
+
+
+def test_close_from_another_thread_cancels_on_the_loop_and_after_the_loop_is_gone():
+    import threading
+
+    async def scenario():
+        rig = Rig(Model("sports", gate=True), shadow_max_concurrency=2)
+        rig.offer("sports")
+        rig.offer("sports")
+        jobs = list(rig.shadow.tasks)
+        await asyncio.sleep(0)
+        closer = threading.Thread(target=rig.shadow.close)  # as a replica's __del__ may run
+        closer.start()
+        closer.join()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        return rig, jobs
+
+    rig, jobs = asyncio.run(scenario())
+    assert all(job.cancelled() for job in jobs) and not rig.shadow.tasks
+
+    rig.close()
+    stranded = Rig(Model("sports", gate=True))
+
+    async def leave_one_running():
+        stranded.offer("sports")
+        await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(leave_one_running())
+    loop.close()  # the task never finished; its loop is closed
+    assert len(stranded.shadow.tasks) == 1
+    stranded.shadow.close()  # must not raise
+    stranded.close()
