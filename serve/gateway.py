@@ -242,17 +242,21 @@ class Gateway:
             await self.idempotency.finish(
                 idempotency_key, fp, {"status": 200, "body": body, "headers": replay_headers}
             )
-        if not fallback:
+        if self.shadow.enabled and not fallback:
             self._offer_shadow(obs, result, parsed.inputs, task)
         return JSONResponse(body, headers=headers)
 
     def _offer_shadow(self, obs: Observation, result: dict, texts: list[str], task: str) -> None:
         """Maybe compare with the other arm in the background (never awaited here); safety is
-        judged on the state as it is now, not as it was when the request was routed."""
-        view = self.watcher.view()
-        _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
-        self.shadow.offer(answered=Arm(result["arm"]), result=result, texts=texts, task=task,
-                          in_flight=self.in_flight, override=override, parent=obs.context)
+        judged on the state as it is now, not as it was when the request was routed. A bug
+        here is logged; the answered request is not affected."""
+        try:
+            view = self.watcher.view()
+            _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
+            self.shadow.offer(answered=Arm(result["arm"]), result=result, texts=texts, task=task,
+                              in_flight=self.in_flight, override=override, parent=obs.context)
+        except Exception:
+            log.exception("starting a shadow comparison failed (the response is not affected)")
 
     async def _read_body(self, request: Request) -> bytes:
         limit = max_body_bytes(self.settings)

@@ -151,3 +151,22 @@ def _status_json(gw) -> dict:
                      "--json", "--window", str(WINDOW)], stdout=out, stderr=err)
     assert code == 0, err.getvalue()
     return json.loads(out.getvalue())
+
+
+def test_a_failure_while_starting_a_shadow_never_fails_the_answered_request(caplog):
+    """No Serve app needed: the gateway's guard around the shadow offer, on a bare instance."""
+    from serve.gateway import Gateway
+    from serve.observe import NULL_OBSERVATION
+
+    class BrokenWatcher:
+        def view(self):
+            raise RuntimeError("watcher broke")
+
+        def stop(self, timeout=None):
+            pass
+
+    cls = Gateway.func_or_class
+    gateway = cls.__new__(cls)
+    gateway.watcher = BrokenWatcher()
+    gateway._offer_shadow(NULL_OBSERVATION, {"arm": "baseline"}, ["x"], "classify")
+    assert "starting a shadow comparison failed" in caplog.text
