@@ -7,8 +7,8 @@ run out (the memory twin advances its fake clock, Redis waits for the key to exp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 

@@ -20,4 +20,5 @@ def open_ramp_store(settings) -> RampStore:
     """The Redis ramp store named by the settings (imported lazily, like `open_store`)."""
     from rollout.ramp.redis_store import RedisRampStore
 
-    return RedisRampStore(settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s)
+    return RedisRampStore(settings.redis_url, settings.app_name,
+                          timeout_s=settings.redis_timeout_s)
