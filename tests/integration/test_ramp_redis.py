@@ -1,0 +1,123 @@
+"""The ramp on a real Redis with the shipped ACL users: the `controller` user can run a ramp
+(lease, ramp record, evaluations, audited share changes) and nothing more; an operator's ramp
+actions reach it; the whole controller loop against Redis, with scripted metrics."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from rollout import DeploymentReport, FakeClock, PermissionDenied, Rollout, SystemClock, Verdict
+from rollout.ramp import RampControl, RampController, parse_plan
+from rollout.ramp.redis_store import RedisRampStore
+from rollout.redis_store import RedisStateStore
+from tests.ramp_harness import PLAN, ScriptedMetrics, stats
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def secured():
+    server = RedisServer(acl=True, tls=True).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def app():
+    return f"ramp-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def stores(secured, app):
+    opened = []
+
+    def open_as(user: str):
+        states = RedisStateStore(secured.url_for(user), app, timeout_s=5.0)
+        ramps = RedisRampStore(secured.url_for(user), app, timeout_s=5.0)
+        opened.extend((states, ramps))
+        return states, ramps
+
+    yield open_as
+    for store in opened:
+        store.close()
+
+
+def report(states, clock) -> None:
+    states.report_deployment(DeploymentReport(
+        gateway="gw", baseline_version="b1", optimized_version="o1", ts=clock.time()))
+
+
+def test_the_controller_user_runs_a_ramp_from_start_to_rollback(stores):
+    clock = SystemClock()
+    operator_states, operator_ramps = stores("operator")
+    gateway_states, _ = stores("gateway")
+    states, ramps = stores("controller")
+    report(gateway_states, clock)
+    operator_states.put_verdict(Verdict(
+        baseline_version="b1", optimized_version="o1", passed=True, n=100, agreement=1.0,
+        agreement_lower_bound=0.96))
+    RampControl(operator_states, operator_ramps, clock).start(
+        parse_plan(PLAN), actor="alice", reason="ramp o1")
+    metrics = ScriptedMetrics()
+    controller = RampController(states, ramps, metrics, clock=clock, owner="c1")
+    assert controller.tick().kind == "advance"
+    assert operator_states.get().canary_bp == 1000 and ramps.holder() == "c1"
+    metrics.canary = stats("optimized", 100, error_rate=1.0)
+    assert controller.tick().kind == "hold"
+    rollback = controller.tick()
+    assert rollback.kind == "rollback" and operator_states.get().canary_bp == 0
+    actions = [(e.actor, e.action) for e in operator_states.audit()]
+    assert actions == [
+        ("alice", "ramp-start"), ("ramp-controller", "canary 0% -> 10%"),
+        ("ramp-controller", "ramp-advance"), ("ramp-controller", "ramp-evaluate"),
+        ("ramp-controller", "canary 10% -> 0%"), ("ramp-controller", "ramp-rollback")]
+    assert operator_ramps.get().status == "aborted"
+    assert operator_ramps.last_evaluation()["decision"] == "rollback"
+
+
+def test_the_controller_user_may_not_touch_what_is_not_its_own(stores, secured, app):
+    states, ramps = stores("controller")
+    with pytest.raises(PermissionDenied):
+        states.report_deployment(DeploymentReport(
+            gateway="fake", baseline_version="b", optimized_version="o", ts=1.0))
+    with pytest.raises(PermissionDenied):
+        states.put_verdict(Verdict(baseline_version="b", optimized_version="o", passed=True,
+                                   n=1, agreement=1.0, agreement_lower_bound=0.5))
+    client = redis.Redis.from_url(secured.url_for("controller"), decode_responses=True)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.hincrbyfloat(f"rollout:{app}:telemetry:win:optimized:1", "requests", 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.flushall()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.set("elsewhere", "x")
+        assert client.hgetall(f"rollout:{app}:telemetry:win:optimized:1") == {}
+    finally:
+        client.close()
+
+
+def test_the_gateway_user_can_neither_run_nor_change_a_ramp(stores):
+    states, ramps = stores("gateway")
+    with pytest.raises(PermissionDenied):
+        ramps.acquire("gw", 5.0)
+    with pytest.raises(PermissionDenied):
+        RampControl(states, ramps, FakeClock()).pause(actor="gw", reason="sneaky")
+
+
+def test_an_operator_abort_reaches_the_controller(stores):
+    clock = SystemClock()
+    operator_states, operator_ramps = stores("operator")
+    states, ramps = stores("controller")
+    report(operator_states, clock)
+    control = RampControl(operator_states, operator_ramps, clock)
+    control.start(parse_plan(PLAN), actor="alice", reason="ramp", force=True)
+    controller = RampController(states, ramps, ScriptedMetrics(), clock=clock, owner="c1")
+    assert controller.tick().kind == "advance"
+    control.abort(actor="alice", reason="stop")
+    assert controller.tick() is None
+    assert operator_states.get().canary_bp == 0
+    assert Rollout(operator_states).state().updated_by == "alice"
