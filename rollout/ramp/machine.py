@@ -152,22 +152,23 @@ def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int) -> tuple[int, l
     results = []
 
     def add(name, value, threshold, bad: bool | None, note=""):
+        """`bad` None: cannot be judged, `note` says why (`wait`: holds; `n/a`: does not)."""
         if not enough:
             status, note = "wait", few
         elif bad is None:
-            status = "n/a" if note else "wait"
+            status = "wait" if name == "agreement_lower_bound" else "n/a"
         else:
             status = "fail" if bad else "pass"
         results.append(GateResult(name, value, threshold, status, note))
 
     if gates.agreement_lower_bound is not None:
         pairs, lower = metrics.agreement(window_s)
-        judged = lower is not None and pairs >= gates.min_agreement_pairs
-        add("agreement_lower_bound", lower, gates.agreement_lower_bound,
-            (lower < gates.agreement_lower_bound) if judged else None)
-        if enough and not judged:
-            results[-1] = GateResult(results[-1].name, lower, gates.agreement_lower_bound,
-                                     "wait", f"{pairs}/{gates.min_agreement_pairs} shadow pairs")
+        if lower is None or pairs < gates.min_agreement_pairs:
+            add("agreement_lower_bound", lower, gates.agreement_lower_bound, None,
+                f"{pairs}/{gates.min_agreement_pairs} shadow pairs")
+        else:
+            add("agreement_lower_bound", lower, gates.agreement_lower_bound,
+                lower < gates.agreement_lower_bound)
     if gates.error_rate_delta is not None:
         threshold = (baseline.error_rate or 0.0) + gates.error_rate_delta
         value = canary.error_rate or 0.0

@@ -120,6 +120,9 @@ def test_the_agreement_gate_rolls_back_and_waits_for_shadow_pairs():
     h.verdict()
     climb_to_first_step(h)
     h.healthy()
+    for _ in range(3):  # no shadow comparison at all (what windows without `shadow` answer)
+        decision = h.tick()
+        assert decision.kind == "hold" and "0/40 shadow pairs" in decision.reason
     h.metrics.pairs, h.metrics.lower_bound = 10, 0.5  # too few pairs to judge
     for _ in range(8):
         decision = h.tick()
