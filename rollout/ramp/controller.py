@@ -56,7 +56,8 @@ class RampController:
         verdict = self.states.get_verdict(*next(iter(live))) if len(live) == 1 else None
         now = self.clock.time()
         decision = evaluate(ramp, state, self.metrics, verdict=verdict, live=live, now=now)
-        if decision.target_bp is not None and not self._move(decision, state.revision):
+        moves = decision.target_bp is not None and decision.target_bp != state.canary_bp
+        if moves and not self._move(decision, state.revision):
             return decision
         detail = decision.detail()
         unchanged = decision.ramp.model_copy(update={"updated_at": ramp.updated_at}) == ramp

@@ -279,7 +279,7 @@ def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: 
             update={"status": "promoted", "reason": reason}), **seen)
     target = ramp.plan.shares_bp[nxt]
     if ramp.waiting_approval() is not None:
-        return decide("wait-approval", f"waiting for approval of step {nxt} "
+        return decide("wait-approval", f"waiting for approval of step {nxt + 1} "
                       f"({format_bp(target)}): `rollout ramp approve`", ramp, **seen)
     passed = verdict is not None and verdict.passed
     if not passed and not ramp.forced:

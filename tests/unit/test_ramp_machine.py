@@ -213,7 +213,7 @@ def test_a_step_that_needs_approval_waits_for_it():
     climb_to_first_step(h)
     h.healthy()
     waiting = h.run_until("wait-approval")
-    assert "approval of step 1 (50%)" in waiting.reason
+    assert "approval of step 2 (50%)" in waiting.reason
     assert all(h.tick().kind == "wait-approval" for _ in range(5)) and h.share == 1000
     h.control.approve(actor="carol", reason="signed off")
     assert h.ramp.approved == (1,)
@@ -275,6 +275,13 @@ def test_a_new_optimized_version_mid_ramp_rolls_back(h):
     decision = h.tick()
     assert decision.kind == "rollback" and h.share == 0
     assert "optimized version changed from bf16-bbbb to int8-cccc" in h.ramp.reason
+
+
+def test_a_new_version_before_the_first_step_ends_the_ramp_without_a_share_write(h):
+    h.start()
+    h.versions = (h.versions[0], "int8-cccc")
+    assert h.tick().kind == "rollback" and h.ramp.status == "aborted"
+    assert h.states.get().revision == 0  # the share was 0 already: no empty change
 
 
 def test_a_share_changed_by_someone_else_aborts_the_ramp_and_keeps_that_share(h):
