@@ -69,8 +69,8 @@ class StateStore(abc.ABC):
     def deployments(self) -> list[DeploymentReport]:
         """The newest report of every gateway, oldest first (readers judge freshness by `ts`)."""
 
-    # Verdicts and notes are not abstract, so test doubles that wrap a store need not implement them;
-    # both real stores do, and run the same contract tests.
+    # Verdicts and notes are not abstract, so test doubles that wrap a store need not implement
+    # them; both real stores do, and run the same contract tests.
     def put_verdict(self, verdict: Verdict) -> None:
         """Keep `verdict` as the latest for its (baseline, optimized) version pair."""
         raise NotImplementedError(f"{type(self).__name__} keeps no verdicts")
