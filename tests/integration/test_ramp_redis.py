@@ -4,7 +4,9 @@ actions reach it; the whole controller loop against Redis, with scripted metrics
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -121,3 +123,27 @@ def test_an_operator_abort_reaches_the_controller(stores):
     assert controller.tick() is None
     assert operator_states.get().canary_bp == 0
     assert Rollout(operator_states).state().updated_by == "alice"
+
+
+def test_the_cli_steers_a_ramp_in_redis(secured, stores, app):
+    from tests.integration.test_cli_redis import ok, one_error_line, rollout
+
+    states, _ = stores("operator")
+    report(states, SystemClock())
+    url = secured.url_for("operator")
+    plan = str(Path(__file__).resolve().parents[2] / "ops" / "plans" / "example-ramp.yaml")
+    started = ok(rollout(url, "--app", app, "ramp", "start", plan, "--force", "--reason", "go"))
+    assert "ramp started (forced): 1% -> 5% -> 25% -> 50% -> 100%" in started
+    doc = json.loads(ok(rollout(url, "--app", app, "ramp", "status", "--json")))
+    assert doc["ramp"]["status"] == "running" and doc["ramp"]["forced"] is True
+    assert doc["controller"] is None  # no application runs here
+    text = ok(rollout(url, "--app", app, "ramp", "status"))
+    assert "none holds the lease (is the application running?)" in text
+    ok(rollout(url, "--app", app, "ramp", "pause", "--reason", "hold on"))
+    ok(rollout(url, "--app", app, "ramp", "abort", "--reason", "stop"))
+    actions = [(e.actor, e.action) for e in states.audit()]
+    assert actions == [("alice", "ramp-start --force"), ("alice", "ramp-pause"),
+                       ("alice", "ramp-abort")]
+    refused = rollout(secured.url_for("gateway"), "--app", app, "ramp", "resume",
+                      "--reason", "sneaky")
+    assert refused.returncode == 1 and "refused" in one_error_line(refused)
