@@ -5,6 +5,7 @@ actions reach it; the whole controller loop against Redis, with scripted metrics
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -147,3 +148,27 @@ def test_the_cli_steers_a_ramp_in_redis(secured, stores, app):
     refused = rollout(secured.url_for("gateway"), "--app", app, "ramp", "resume",
                       "--reason", "sneaky")
     assert refused.returncode == 1 and "refused" in one_error_line(refused)
+
+
+def test_the_deployment_runs_the_loop_as_the_controller_user_and_reports_a_dead_loop(
+        secured, app):
+    from rollout import Settings
+    from serve.controller import RampControllerDeployment
+
+    settings = Settings(redis_url=secured.url_for("gateway"), app_name=app,
+                        control_redis_url=secured.url_for("controller"),
+                        ramp_interval_s=0.05, ramp_lease_ttl_s=1.0)
+    replica = RampControllerDeployment.func_or_class(settings)
+    try:
+        deadline = time.monotonic() + 10
+        while replica.info()["holder"] != replica.controller.owner:
+            assert time.monotonic() < deadline, "the loop never took the lease"
+            time.sleep(0.02)
+        replica.check_health()
+        replica.stop.set()
+        replica.thread.join(timeout=5)
+        with pytest.raises(RuntimeError, match="the ramp controller loop has stopped"):
+            replica.check_health()
+        assert replica.info()["holder"] is None  # released on the way out
+    finally:
+        replica.__del__()
