@@ -145,3 +145,13 @@ def test_keys_are_per_second_under_the_telemetry_namespace():
     assert merged == {shadow_key(APP, int(START)): {"pairs": 3},
                       shadow_key(APP, int(START) + 1): {"shed": 1}}
     assert shadow_key(APP, 5) == f"rollout:{APP}:telemetry:shadow:5"
+
+
+def test_the_ramps_agreement_gate_reads_the_shadow_windows():
+    from rollout.ramp.metrics import WindowsMetrics
+
+    items = [ShadowItem(START - 5, shadow_fields([PairOutcome(True, 0.3)] * 59
+                                                 + [PairOutcome(False, 0.001)], calls=30))]
+    windows, _ = windows_with(items)
+    assert WindowsMetrics(windows).agreement(60) == (60, pytest.approx(wilson_interval(59, 60)[0]))
+    assert WindowsMetrics(windows_with([])[0]).agreement(60) == (0, None)
