@@ -11,7 +11,7 @@ import os
 import re
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment", "health")
@@ -30,6 +30,10 @@ class Settings(BaseSettings):
         None,
         description="Redis URL with write access to the rollout state, used inside the "
         "application by the ramp controller and dashboard actions; None: REDIS_URL",
+    )
+    operator_token: SecretStr | None = Field(
+        None, min_length=16, max_length=256,
+        description="bearer token for the dashboard's actions; None: the dashboard is read-only",
     )
     app_name: str = Field("default", description="namespace of this application's Redis keys")
     redis_timeout_s: float = Field(2.0, gt=0, le=30)

@@ -38,6 +38,8 @@ from rollout import (
 )
 from rollout.budget import RetryBudget
 from serve.batching import RowsDidNotFit
+from serve.dashboard import DashboardRoutes
+from serve.dashboard import router as dashboard_router
 from serve.errors import (
     GatewayError,
     InProgress,
@@ -59,6 +61,7 @@ from serve.telemetry import Telemetry
 log = logging.getLogger("canary.gateway")
 
 api = FastAPI(title="Canary gateway", version="0.1.0")
+api.include_router(dashboard_router)  # /dashboard and its /v1/ API (serve.dashboard)
 
 
 def _ids(request: Request) -> tuple[str, str | None]:
@@ -99,7 +102,7 @@ def server_timing(stages: dict[str, float]) -> str:
 
 @serve.deployment(name="gateway")
 @serve.ingress(api)
-class Gateway:
+class Gateway(DashboardRoutes):
     async def __init__(
         self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings
     ):

@@ -14,6 +14,7 @@ from tests.servers import RedisServer, free_port
 from tests.tiny_model import make_tiny_encoder
 
 APP = "canary-itest"
+OPERATOR_TOKEN = "itest-operator-token-0123456789"  # the dashboard's actions (Bearer)
 
 
 @dataclass
@@ -108,7 +109,9 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "state_poll_s": 0.2, "state_staleness_s": 1.5, "request_timeout_s": 5.0, "max_items": 8,
         "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
-        "telemetry_flush_s": 0.05, "device_hour_price": 3.6, **overrides,
+        "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
+        # dashboard actions: the token, and the operator's connection to change the state
+        "operator_token": OPERATOR_TOKEN, "control_redis_url": redis.url, **overrides,
     })
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

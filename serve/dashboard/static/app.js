@@ -1,0 +1,295 @@
+// The rollout dashboard: polls the gateway's /v1/ API and renders it; actions go through
+// POST /v1/rollout/<kind> with the operator token. Text from the store (actors, reasons, span
+// attributes) is only ever set as textContent, never parsed as HTML.
+"use strict";
+
+const STATUS_EVERY_MS = 2000;
+const SERIES_EVERY_MS = 5000;
+const ARMS = ["baseline", "optimized"];
+const $ = id => document.getElementById(id);
+const view = { revision: null, actions: false, trace: null, pending: null };
+
+const pct = v => (v === null || v === undefined) ? "–" : (v * 100).toFixed(v < 0.1 ? 2 : 1) + " %";
+const num = (v, d = 1) => (v === null || v === undefined) ? "–" : Number(v).toFixed(d);
+const when = ts => new Date(ts * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+const share = p => (p === null || p === undefined) ? "–" : `${+p.toFixed(2)} %`;
+
+async function getJSON(url) {
+  const reply = await fetch(url, { cache: "no-store" });
+  const body = await reply.json();
+  if (!reply.ok) throw new Error(body.error ? body.error.message : `HTTP ${reply.status}`);
+  return body;
+}
+
+function row(cells, opts = {}) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement(opts.head ? "th" : "td");
+    td.textContent = cell === null || cell === undefined ? "–" : String(cell);
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+function fill(table, headers, rows) {
+  table.replaceChildren(row(headers, { head: true }), ...rows);
+}
+
+// --- status ---------------------------------------------------------------------------------
+
+function renderStatus(s) {
+  view.revision = s.revision;
+  view.actions = s.actions;
+  $("share").textContent = share(s.canary_percent);
+  $("effective").textContent = share(s.routing.effective_percent);
+  $("kill").textContent = s.kill ? "ON" : "off";
+  $("kill").className = "value" + (s.kill ? " on" : "");
+  $("revision").textContent = s.revision;
+  const routing = s.routing;
+  $("routing").textContent = "this gateway routes: " + routing.routing +
+    (routing.stale ? ` (state stale: ${routing.store_error || "no recent refresh"})` : "");
+  $("routing").className = "routing" + (routing.stale || s.kill ? " warn" : "");
+  $("versions").textContent =
+    `share bound to optimized ${s.optimized_version || "(none)"}, baseline ${s.baseline_version || "(none)"}` +
+    (s.revision ? ` · last change ${when(s.updated_at)} by ${s.updated_by}: ${s.reason}` : "");
+  $("actions-mode").textContent = s.actions
+    ? "Actions need the operator token; each asks for a reason and lands in the audit log."
+    : "Read-only: this gateway has no operator token configured (CANARY_OPERATOR_TOKEN).";
+  for (const id of ["set-share", "kill-button", "unkill-button"]) $(id).disabled = !s.actions;
+
+  const traffic = s.traffic || {};
+  const arms = traffic.arms || {};
+  fill($("arms"), ["arm", "req/s", "success", "errors", "timeouts", "retries", "p50 ms", "p99 ms", "queue", "batch", "cost/1k"],
+    ARMS.filter(a => arms[a]).map(a => {
+      const x = arms[a];
+      return row([a, num(x.request_rate, 2), pct(x.success_rate), pct(x.error_rate), pct(x.timeout_rate),
+        pct(x.retry_rate), num(x.p50_ms), num(x.p99_ms), num(x.queue_mean), num(x.batch_mean),
+        x.cost_per_1k === null ? "–" : x.cost_per_1k.toFixed(6)]);
+    }));
+  if (traffic.error) $("arms").appendChild(row([`telemetry unavailable: ${traffic.error}`]));
+
+  fill($("gateways"), ["gateway", "optimized", "baseline", "revision", "seen", "note"],
+    (s.gateways || []).map(g => row([g.gateway, g.optimized_version, g.baseline_version, g.state_revision,
+      `${Math.round(g.age_s)} s ago`,
+      [g.silent ? "silent" : "", g.version_mismatch ? "serves another optimized version: routes 0 %" : "",
+       ...(g.events || [])].filter(Boolean).join("; ")])));
+  renderAgreement(s.agreement);
+}
+
+function renderAgreement(a) {
+  const body = $("agreement-body");
+  body.replaceChildren();
+  if (!a || !a.pairs) {
+    body.textContent = a ? "no shadow comparisons in the last 5 minutes" :
+      "not measured by this gateway (no shadow comparisons)";
+    return;
+  }
+  const text = document.createElement("p");
+  text.textContent = `${pct(a.agreement)} of ${a.pairs} shadow pairs agree ` +
+    `(95 % lower bound ${pct(a.lower_bound)}), last 5 minutes`;
+  const band = document.createElement("div");
+  band.className = "band";
+  const range = document.createElement("div");
+  range.className = "range";
+  const lo = Math.max(0, a.lower_bound), hi = a.upper_bound ?? a.agreement;
+  range.style.left = `${lo * 100}%`;
+  range.style.width = `${Math.max(0.5, (hi - lo) * 100)}%`;
+  const point = document.createElement("div");
+  point.className = "point";
+  point.style.left = `${a.agreement * 100}%`;
+  band.append(range, point);
+  body.append(text, band);
+}
+
+// --- ramp (issue 5: shown when the gateway has a ramp controller) ----------------------------
+
+function renderRamp(r) {
+  const body = $("ramp-body");
+  body.replaceChildren();
+  $("ramp-state").textContent = r.active ? (r.state || "running") : "none";
+  if (!r.active) {
+    body.textContent = r.message ? `no ramp (${r.message})` : "no ramp running";
+    return;
+  }
+  const steps = document.createElement("table");
+  fill(steps, ["step", "share", "hold", ""], (r.steps || []).map((st, i) =>
+    row([i + 1, share(st.percent), `${st.hold_s} s`, i === r.step ? "◀ current" : ""])));
+  const gates = document.createElement("table");
+  fill(gates, ["gate", "value", "threshold", ""], (r.gates || []).map(g => {
+    const tr = row([g.name, g.value, g.threshold, g.ok ? "pass" : "fail"]);
+    tr.className = "gate " + (g.ok ? "pass" : "fail");
+    return tr;
+  }));
+  body.append(steps, gates);
+}
+
+// --- charts -----------------------------------------------------------------------------------
+
+const METRICS = [
+  ["request_rate", "requests / s", v => v.toFixed(2)],
+  ["error_rate", "error rate", pct],
+  ["timeout_rate", "timeout rate", pct],
+  ["p50_ms", "p50 latency (ms)", v => v.toFixed(1)],
+  ["p99_ms", "p99 latency (ms)", v => v.toFixed(1)],
+  ["queue_mean", "queue length", v => v.toFixed(1)],
+  ["batch_mean", "batch size", v => v.toFixed(1)],
+  ["cost_per_1k", "cost per 1,000 requests", v => v.toFixed(5)],
+];
+
+function renderSeries(series) {
+  for (const [key, title, format] of METRICS) {
+    Charts.draw($("charts"), {
+      id: key, title, format, starts: series.starts,
+      lines: ARMS.map(arm => ({ name: arm, values: series.arms[arm][key] })),
+    });
+  }
+}
+
+// --- audit and traces -------------------------------------------------------------------------
+
+function renderAudit(entries) {
+  fill($("audit"), ["time", "actor", "action", "revision", "reason"],
+    entries.map(e => { const tr = row([when(e.ts), e.actor, e.action, e.revision, e.reason]);
+      tr.lastChild.className = "wrap"; return tr; }));
+}
+
+function renderTraces(traces) {
+  fill($("traces"), ["time", "trace", "arm", "status", "ms", "spans", ""],
+    traces.map(t => {
+      const tr = row([when(t.start), t.trace_id.slice(0, 12) + "…", t.arm, t.status,
+        num(t.duration_ms), t.spans, t.fallback ? "fallback" : ""]);
+      tr.className = "clickable" + (t.trace_id === view.trace ? " selected" : "");
+      tr.dataset.trace = t.trace_id;
+      tr.addEventListener("click", () => showTrace(t.trace_id));
+      return tr;
+    }));
+}
+
+async function showTrace(id) {
+  view.trace = id;
+  const box = $("waterfall");
+  try {
+    const { spans } = await getJSON(`/v1/traces/${id}`);
+    const start = Math.min(...spans.map(s => s.start));
+    const total = Math.max(Math.max(...spans.map(s => s.end)) - start, 1e-9);
+    const ids = new Set(spans.map(s => s.span_id));
+    const depth = s => { let d = 0, p = s; while (p && ids.has(p.parent_id) && d < 20) {
+      p = spans.find(x => x.span_id === p.parent_id); d++; } return d; };
+    const title = document.createElement("p");
+    title.textContent = `trace ${id}: ${spans.length} spans, ${(total * 1000).toFixed(2)} ms`;
+    const rows = spans.map(s => {
+      const div = document.createElement("div");
+      div.className = "row";
+      const name = document.createElement("span");
+      name.className = "name";
+      name.style.paddingLeft = `${depth(s)}em`;
+      name.textContent = s.name;
+      name.title = JSON.stringify(s.attrs || {});
+      const service = document.createElement("span");
+      service.className = "muted";
+      service.textContent = s.service || "";
+      const track = document.createElement("div");
+      track.className = "track";
+      const bar = document.createElement("div");
+      bar.className = "bar" + (s.status === "error" ? " error" : "");
+      bar.style.left = `${(s.start - start) / total * 100}%`;
+      bar.style.width = `${(s.end - s.start) / total * 100}%`;
+      track.appendChild(bar);
+      const ms = document.createElement("span");
+      ms.textContent = `${((s.end - s.start) * 1000).toFixed(2)} ms`;
+      div.append(name, service, track, ms);
+      return div;
+    });
+    box.replaceChildren(title, ...rows);
+  } catch (err) {
+    box.textContent = `trace ${id}: ${err.message}`;
+  }
+}
+
+// --- actions ----------------------------------------------------------------------------------
+
+function say(text, kind) {
+  $("action-result").textContent = text;
+  $("action-result").className = kind;
+}
+
+async function act(kind, extra = {}, confirmed = false) {
+  const reason = $("reason").value.trim();
+  if (!reason) { say("give a reason: it is recorded in the audit log", "error"); return; }
+  sessionStorage.setItem("canary-token", $("token").value);
+  localStorage.setItem("canary-actor", $("actor").value);
+  const body = { reason, expected_revision: view.revision, confirm: confirmed, ...extra };
+  if ($("actor").value.trim()) body.actor = $("actor").value.trim();
+  if (kind === "kill") { delete body.expected_revision; delete body.confirm; }
+  let reply, answer;
+  try {
+    reply = await fetch(`/v1/rollout/${kind}`, {
+      method: "POST", cache: "no-store",
+      headers: { "Content-Type": "application/json", "Authorization": `Bearer ${$("token").value}` },
+      body: JSON.stringify(body),
+    });
+    answer = await reply.json();
+  } catch (err) { say(`${kind}: ${err.message}`, "error"); return; }
+  if (reply.status === 428) {
+    view.pending = () => act(kind, extra, true);
+    $("confirm-question").textContent = answer.error.message;
+    $("confirm").hidden = false;
+    return;
+  }
+  if (!reply.ok) { say(`${kind} refused (${reply.status}): ${answer.error.message}`, "error"); return; }
+  say(answer.message, "done");
+  $("reason").value = "";
+  refresh();
+}
+
+function wireActions() {
+  $("token").value = sessionStorage.getItem("canary-token") || "";
+  $("actor").value = localStorage.getItem("canary-actor") || "";
+  $("set-share").addEventListener("click", () => {
+    const percent = $("percent").value.trim();
+    if (!percent) { say("give the new share in percent", "error"); return; }
+    act("canary", { percent });
+  });
+  $("kill-button").addEventListener("click", () => act("kill"));
+  $("unkill-button").addEventListener("click", () => act("unkill"));
+  $("confirm-yes").addEventListener("click", () => {
+    $("confirm").hidden = true; const next = view.pending; view.pending = null; if (next) next();
+  });
+  $("confirm-no").addEventListener("click", () => {
+    $("confirm").hidden = true; view.pending = null; say("cancelled: nothing was changed", "");
+  });
+}
+
+// --- polling ----------------------------------------------------------------------------------
+
+function live(ok, text) {
+  $("live").textContent = text;
+  $("live").className = "badge " + (ok ? "ok" : "bad");
+}
+
+async function refresh() {
+  try {
+    const [status, ramp, audit, traces] = await Promise.all([
+      getJSON("/v1/status"), getJSON("/v1/ramp"), getJSON("/v1/audit?last=30"), getJSON("/v1/traces?last=15"),
+    ]);
+    renderStatus(status);
+    renderRamp(ramp);
+    renderAudit(audit.entries);
+    renderTraces(traces.traces);
+    live(true, "live");
+    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (err) {
+    live(false, `not updating: ${err.message}`);
+  }
+}
+
+async function refreshSeries() {
+  try { renderSeries(await getJSON("/v1/series?last_s=3600&step_s=60")); }
+  catch (err) { live(false, `charts not updating: ${err.message}`); }
+}
+
+wireActions();
+refresh();
+refreshSeries();
+setInterval(refresh, STATUS_EVERY_MS);
+setInterval(refreshSeries, SERIES_EVERY_MS);
