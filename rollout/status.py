@@ -28,7 +28,7 @@ class Status:
     window_s: int
     traffic: dict[str, ArmStats] | None = None  # None: no telemetry source, or unreachable
     traffic_error: str | None = None
-    agreement: dict | None = None  # shadow comparisons (pairs, agreed, agreement, lower_bound)
+    shadow: object | None = None  # online agreement (ShadowStats), where the windows measure it
     telemetry: bool = False  # whether a telemetry source was read
 
     def silent(self, report: DeploymentReport) -> bool:
@@ -58,15 +58,15 @@ class Status:
             doc["traffic"] = {
                 "window_s": self.window_s, "error": self.traffic_error,
                 "arms": {arm: s.as_dict() for arm, s in arms.items()} if arms else None,
+                "shadow": _as_dict(self.shadow) if self.shadow is not None else None,
             }
-            doc["agreement"] = self.agreement
         return doc
 
 
 def _as_dict(stats) -> dict:
-    if dataclasses.is_dataclass(stats):
-        return dataclasses.asdict(stats)
-    return stats.as_dict() if hasattr(stats, "as_dict") else dict(vars(stats))
+    if hasattr(stats, "as_dict"):
+        return stats.as_dict()
+    return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
 
 
 def read_status(
@@ -81,12 +81,12 @@ def read_status(
     if telemetry is None:
         return Status(state, reports, now, window_s)
     windows = Windows(telemetry, app, clock=clock)
-    traffic = agreement = problem = None
+    traffic = shadow = problem = None
     try:
         traffic = windows.arms(window_s)
         # online agreement (shadow comparisons), where this build's windows measure it
         if hasattr(windows, "shadow"):
-            agreement = _as_dict(windows.shadow(agreement_s or window_s))
+            shadow = windows.shadow(agreement_s or window_s)
     except StoreUnavailable as exc:
         problem = str(exc)
-    return Status(state, reports, now, window_s, traffic, problem, agreement, telemetry=True)
+    return Status(state, reports, now, window_s, traffic, problem, shadow, telemetry=True)

@@ -73,20 +73,21 @@ function renderStatus(s) {
       `${Math.round(g.age_s)} s ago`,
       [g.silent ? "silent" : "", g.version_mismatch ? "serves another optimized version: routes 0 %" : "",
        ...(g.events || [])].filter(Boolean).join("; ")])));
-  renderAgreement(s.agreement);
+  renderAgreement(s.traffic ? s.traffic.shadow : null);
 }
 
 function renderAgreement(a) {
   const body = $("agreement-body");
   body.replaceChildren();
   if (!a || !a.pairs) {
-    body.textContent = a ? "no shadow comparisons in the last 5 minutes" :
+    body.textContent = a ? `no shadow comparisons in the last ${Math.round(a.seconds / 60)} min` :
       "not measured by this gateway (no shadow comparisons)";
     return;
   }
   const text = document.createElement("p");
   text.textContent = `${pct(a.agreement)} of ${a.pairs} shadow pairs agree ` +
-    `(95 % lower bound ${pct(a.lower_bound)}), last 5 minutes`;
+    `(95 % confidence ${pct(a.lower_bound)}–${pct(a.upper_bound ?? a.agreement)}), ` +
+    `last ${Math.round(a.seconds / 60)} min`;
   const band = document.createElement("div");
   band.className = "band";
   const range = document.createElement("div");
@@ -284,11 +285,13 @@ async function refresh() {
 }
 
 async function refreshSeries() {
-  try { renderSeries(await getJSON("/v1/series?last_s=3600&step_s=60")); }
+  const [last, step] = $("range").value.split("/");
+  try { renderSeries(await getJSON(`/v1/series?last_s=${last}&step_s=${step}`)); }
   catch (err) { live(false, `charts not updating: ${err.message}`); }
 }
 
 wireActions();
+$("range").addEventListener("change", refreshSeries);
 refresh();
 refreshSeries();
 setInterval(refresh, STATUS_EVERY_MS);

@@ -58,14 +58,16 @@ const Charts = (() => {
     svg.appendChild(el("line", { class: "axis", x1: LEFT, y1: TOP, x2: LEFT, y2: y(0) }));
     svg.appendChild(el("text", { x: LEFT - 3, y: TOP + 8, "text-anchor": "end" }, spec.format(top)));
     svg.appendChild(el("text", { x: LEFT - 3, y: y(0), "text-anchor": "end" }, "0"));
-    const minutes = Math.round((x1 - x0) / 60);
-    svg.appendChild(el("text", { x: LEFT, y: H - 4 }, `-${minutes} min`));
+    svg.appendChild(el("text", { x: LEFT, y: H - 4 }, `-${Math.round((x1 - x0) / 60)} min`));
     svg.appendChild(el("text", { x: W - RIGHT, y: H - 4, "text-anchor": "end" }, "now"));
     let points = 0;
     for (const line of spec.lines) {
       const { d, count } = pathOf(xs, line.values, x, y);
       points += count;
-      if (count) svg.appendChild(el("path", { class: line.name, d, "stroke-linecap": "round", "data-points": count }));
+      if (!count) continue;
+      svg.appendChild(el("path", { class: line.name, d, "stroke-linecap": "round", "data-points": count }));
+      const i = line.values.map(v => v !== null && isFinite(v)).lastIndexOf(true);
+      svg.appendChild(el("circle", { class: line.name + " dot", cx: x(xs[i]), cy: y(line.values[i]), r: 2.5 }));
     }
     box.dataset.points = points;
     box.appendChild(svg);
