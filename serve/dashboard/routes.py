@@ -125,8 +125,8 @@ class DashboardRoutes:
     @router.get("/v1/ramp")
     async def dashboard_ramp(self) -> dict:
         # TODO(ramp, issue 5): the ramp controller's status once it is part of the build.
-        return {"active": False, "available": False,
-                "message": "this gateway has no ramp controller"}
+        return {"active": False, "ramp": None, "time_in_step_s": None, "controller": None,
+                "last_evaluation": None, "message": "this gateway has no ramp controller"}
 
     @router.post("/v1/rollout/{kind}")
     async def dashboard_action(self, kind: str, request: Request) -> dict:

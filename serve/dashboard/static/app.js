@@ -102,26 +102,53 @@ function renderAgreement(a) {
   body.append(text, band);
 }
 
-// --- ramp (issue 5: shown when the gateway has a ramp controller) ----------------------------
+// --- ramp: `rollout ramp status --json` plus `active` ----------------------------------------
+
+const GATE_OPS = { agreement_lower_bound: "≥" };
 
 function renderRamp(r) {
   const body = $("ramp-body");
   body.replaceChildren();
-  $("ramp-state").textContent = r.active ? (r.state || "running") : "none";
-  if (!r.active) {
-    body.textContent = r.message ? `no ramp (${r.message})` : "no ramp running";
+  const ramp = r.ramp;
+  $("ramp-state").textContent = ramp ? ramp.status : "none";
+  for (const id of ["ramp-pause", "ramp-resume", "ramp-approve", "ramp-abort"]) {
+    $(id).disabled = !view.actions || !r.active;
+  }
+  $("ramp-actions").hidden = !ramp;
+  if (!ramp) {
+    body.textContent = r.message ? `no ramp (${r.message})` : "no ramp has been started";
     return;
   }
+  const head = document.createElement("p");
+  head.textContent = `${ramp.status}, step ${ramp.step + 1} of ${ramp.plan.steps.length}` +
+    (r.time_in_step_s === null ? "" : `, ${Math.round(r.time_in_step_s)} s in step`) +
+    ` · started by ${ramp.started_by}: ${ramp.reason}` +
+    (ramp.forced ? " (forced: no verify verdict needed)" : "") +
+    ` · failures ${ramp.failures} of ${ramp.plan.failures_tolerated} tolerated`;
   const steps = document.createElement("table");
-  fill(steps, ["step", "share", "hold", ""], (r.steps || []).map((st, i) =>
-    row([i + 1, share(st.percent), `${st.hold_s} s`, i === r.step ? "◀ current" : ""])));
-  const gates = document.createElement("table");
-  fill(gates, ["gate", "value", "threshold", ""], (r.gates || []).map(g => {
-    const tr = row([g.name, g.value, g.threshold, g.ok ? "pass" : "fail"]);
-    tr.className = "gate " + (g.ok ? "pass" : "fail");
+  steps.id = "ramp-steps";
+  fill(steps, ["step", "share", "soak", "samples", "approval", ""], ramp.plan.steps.map((st, i) => {
+    const tr = row([i + 1, share(st.percent), `${st.min_duration_s} s`, st.min_samples,
+      st.approval ? (ramp.approved.includes(i) ? "approved" : "needed") : "",
+      i === ramp.step ? "◀ current" : (i < ramp.step ? "done" : "")]);
+    if (i === ramp.step) tr.className = "selected";
     return tr;
   }));
-  body.append(steps, gates);
+  const last = r.last_evaluation;
+  const gates = document.createElement("table");
+  gates.id = "ramp-gates";
+  fill(gates, ["gate", "value", "", "threshold", "status"], ((last && last.gates) || []).map(g => {
+    const tr = row([g.name, g.value === null ? "–" : (+g.value).toPrecision(4), GATE_OPS[g.name] || "≤",
+      g.threshold === null ? "–" : (+g.threshold).toPrecision(4), g.status + (g.note ? ` (${g.note})` : "")]);
+    tr.className = "gate " + (g.status === "fail" ? "fail" : g.status === "pass" ? "pass" : "");
+    return tr;
+  }));
+  const note = document.createElement("p");
+  note.className = "muted";
+  note.textContent = last ? `last evaluation ${when(last.ts)}: ${last.reason}` +
+    (r.controller ? ` (controller ${r.controller})` : " (no controller holds the lease)")
+    : "not evaluated yet";
+  body.append(head, steps, gates, note);
 }
 
 // --- charts -----------------------------------------------------------------------------------
@@ -214,17 +241,17 @@ function say(text, kind) {
   $("action-result").className = kind;
 }
 
-async function act(kind, extra = {}, confirmed = false) {
+async function act(kind, extra = {}, confirmed = false, base = "/v1/rollout/") {
   const reason = $("reason").value.trim();
   if (!reason) { say("give a reason: it is recorded in the audit log", "error"); return; }
   sessionStorage.setItem("canary-token", $("token").value);
   localStorage.setItem("canary-actor", $("actor").value);
   const body = { reason, expected_revision: view.revision, confirm: confirmed, ...extra };
   if ($("actor").value.trim()) body.actor = $("actor").value.trim();
-  if (kind === "kill") { delete body.expected_revision; delete body.confirm; }
+  if (kind === "kill" || kind.startsWith("ramp/")) { delete body.expected_revision; delete body.confirm; }
   let reply, answer;
   try {
-    reply = await fetch(`/v1/rollout/${kind}`, {
+    reply = await fetch(base + kind, {
       method: "POST", cache: "no-store",
       headers: { "Content-Type": "application/json", "Authorization": `Bearer ${$("token").value}` },
       body: JSON.stringify(body),
@@ -232,7 +259,7 @@ async function act(kind, extra = {}, confirmed = false) {
     answer = await reply.json();
   } catch (err) { say(`${kind}: ${err.message}`, "error"); return; }
   if (reply.status === 428) {
-    view.pending = () => act(kind, extra, true);
+    view.pending = () => act(kind, extra, true, base);
     $("confirm-question").textContent = answer.error.message;
     $("confirm").hidden = false;
     return;
@@ -252,6 +279,9 @@ function wireActions() {
     act("canary", { percent });
   });
   $("kill-button").addEventListener("click", () => act("kill"));
+  for (const what of ["pause", "resume", "approve", "abort"]) {
+    $(`ramp-${what}`).addEventListener("click", () => act(`ramp/${what}`, {}, false, "/v1/"));
+  }
   $("unkill-button").addEventListener("click", () => act("unkill"));
   $("confirm-yes").addEventListener("click", () => {
     $("confirm").hidden = true; const next = view.pending; view.pending = null; if (next) next();
