@@ -9,6 +9,7 @@ import shutil
 import pytest
 from playwright.sync_api import expect
 
+from rollout import Windows
 from tests.serve_app import OPERATOR_TOKEN
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,9 @@ def test_page_loads_without_errors_and_charts_draw_after_traffic(gw, page):
     assert "baseline" in page.text_content("#arms") and "optimized" in page.text_content("#arms")
     assert "test setup" in page.text_content("#audit")
     assert page.text_content("#ramp-body").startswith("no ramp")
-    assert "not measured" in page.text_content("#agreement-body")
+    # without shadow comparisons (or in a build without them) the panel says so
+    expect(page.locator("#agreement-body")).to_have_text(
+        re.compile(r"^(not measured|no shadow comparisons)"))
     # one trace's waterfall
     page.wait_for_selector("#traces tr.clickable")
     page.click("#traces tr.clickable")
@@ -111,6 +114,23 @@ def test_actions_without_the_token_are_refused(gw, page):
     page.click("#kill-button")
     expect(page.locator("#action-result")).to_contain_text("refused (401)")
     assert gw.rollout().state().revision == before
+
+
+@pytest.mark.skipif(not hasattr(Windows, "shadow"),
+                    reason="this build has no online agreement (shadow comparisons)")
+def test_online_agreement_shows_with_its_confidence_band(gw, browser):
+    gw.redeploy({}, shadow_share=1.0)  # the gw fixture restores the settings for later tests
+    for i in range(8):
+        assert gw.predict([f"agreement {i}"]).status_code == 200
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(gw.url + "/dashboard")
+        expect(tab.locator("#agreement-body")).to_contain_text("shadow pairs agree",
+                                                               timeout=20_000)
+        expect(tab.locator("#agreement-body .band .range")).to_have_count(1)
+    finally:
+        context.close()
 
 
 def test_a_gateway_without_a_token_is_read_only(gw, browser):
