@@ -13,6 +13,7 @@ import socket
 
 from pydantic import ValidationError
 
+from ops import _cli_ramp
 from rollout import InvalidChange, Settings, parse_percent
 
 PROG = "rollout"
@@ -62,6 +63,7 @@ examples:
   rollout canary 5 --reason "first 5%"
   rollout kill --reason "p99 regression"
   rollout audit --last 20
+  rollout ramp start ops/plans/example-ramp.yaml --reason "ramp v2"
   rollout --app search --redis-url redis://redis.internal:6379/0 status --json
 
 Changes need --reason. Moving the share by 50 points or more, or to 100%, asks for confirmation
@@ -196,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show the trace of this request as a waterfall")
     which.add_argument("--trace-id", metavar="ID", type=_text("trace id"),
                        help="show this trace as a waterfall")
+    _cli_ramp.add_parser(commands, common, _text("reason"))
     return parser
 
 

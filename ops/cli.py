@@ -8,6 +8,7 @@
     rollout revert REVISION --reason TEXT [--yes]
     rollout traces [--last N | --request-id ID | --trace-id ID] [--json]
     rollout verify [--recipe NAME] [--set PATH] [--limit N] [--json]
+    rollout ramp start PLAN.yaml [--force] | status | pause | resume | approve | abort
 
 Safe by default: every change names a reason and an actor and lands in the audit log; a change
 that moves the canary share, or the share actually routed to the canary, by 50 points or more,
@@ -30,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
+from ops import _cli_ramp
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
 from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
 from ops._cli_telemetry import arm_rows, trace_rows, waterfall
@@ -79,6 +81,7 @@ class _Context:
     telemetry: object | None = None  # source of Windows and Traces; None: not shown
     app: str = "default"
     settings: Settings | None = None
+    ramps: object | None = None  # the ramp store (rollout.ramp.RampStore), for `ramp`
 
     @property
     def actor(self) -> str:
@@ -250,8 +253,14 @@ def _verify(ctx: _Context) -> int:
     return verify(ctx, ctx.settings or settings_from(ctx.args))
 
 
+def _ramp(ctx: _Context) -> int:
+    from rollout.ramp import RampControl
+
+    return _cli_ramp.run(ctx, RampControl(ctx.rollout.store, ctx.ramps, ctx.clock))
+
+
 _HANDLERS = {
-    "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
+    "ramp": _ramp, "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
     "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
 }
 
@@ -261,13 +270,13 @@ _HANDLERS = {
 
 def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = None,
          stdin: IO[str] | None = None, stdout: IO[str] | None = None,
-         stderr: IO[str] | None = None, telemetry=None) -> int:
-    """Run one command and return its exit code. Tests inject the store, telemetry source,
-    clock and streams; without a store, Settings() and the Redis stores (state and telemetry)
-    are built from the environment and flags."""
+         stderr: IO[str] | None = None, telemetry=None, ramps=None) -> int:
+    """Run one command and return its exit code. Tests inject the stores (state, telemetry,
+    ramp), clock and streams; without a store, Settings() and the Redis stores are built from
+    the environment and flags."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     interactive = stdin is not None or _isatty(sys.stdin)
-    opened = opened_telemetry = None
+    opened = opened_telemetry = opened_ramps = None
     try:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -281,11 +290,15 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
             where, app = _where(settings), settings.app_name
             if telemetry is None and args.command in ("status", "traces"):
                 telemetry = opened_telemetry = open_telemetry(settings)
+            if ramps is None and args.command == "ramp":
+                from rollout.ramp import open_ramp_store
+
+                ramps = opened_ramps = open_ramp_store(settings)
         else:
             app = getattr(store, "app", app)
         clock = clock or SystemClock()
         ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
-                       interactive, where, telemetry, app, settings)
+                       interactive, where, telemetry, app, settings, ramps)
         return _HANDLERS[args.command](ctx)
     except KeyboardInterrupt:
         return _fail(err, "interrupted", 130, prefix="\n")
@@ -313,7 +326,7 @@ def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = No
     except Exception as exc:  # a bug or an unexpected store reply: still one line, no traceback
         return _fail(err, f"error: unexpected {type(exc).__name__}: {exc}", 1)
     finally:
-        for resource in (opened, opened_telemetry):
+        for resource in (opened, opened_telemetry, opened_ramps):
             if resource is not None:
                 with contextlib.suppress(Exception):
                     resource.close()

@@ -5,7 +5,9 @@ from rollout.clock import Clock, FakeClock, SystemClock
 from rollout.control import Rollout
 from rollout.errors import (
     InvalidChange,
+    LeaseLost,
     PermissionDenied,
+    RampNotAllowed,
     RevisionConflict,
     RevisionNotFound,
     RolloutError,
@@ -30,8 +32,9 @@ from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
 
 __all__ = [
     "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock", "Decision",
-    "DeploymentReport", "FakeClock", "InvalidChange", "MemoryStateStore", "MemoryTelemetry",
-    "PermissionDenied", "Reason", "RequestRecord", "RevisionConflict", "RevisionNotFound",
+    "DeploymentReport", "FakeClock", "InvalidChange", "LeaseLost", "MemoryStateStore",
+    "MemoryTelemetry", "PermissionDenied", "RampNotAllowed", "Reason", "RequestRecord",
+    "RevisionConflict", "RevisionNotFound",
     "Rollout", "RolloutError", "RolloutState", "Settings", "StateStore", "StateView",
     "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock", "TelemetrySink",
     "Thresholds", "TraceSummary", "Traces", "Verdict", "Windows", "bucket_of", "decide",

@@ -5,6 +5,8 @@
     ├── RevisionConflict    compare-and-set lost: someone changed the state first
     ├── RevisionNotFound    no recorded state for the requested revision
     ├── PermissionDenied    the store refused: this identity may not do that (least privilege)
+    ├── RampNotAllowed      the ramp is not in a state that allows this (none running, ...)
+    ├── LeaseLost           a ramp controller wrote without holding its lease
     └── StoreUnavailable    the state store cannot be reached
 
 Nothing here knows about HTTP or exit codes: the gateway and the CLI map these at their edges.
@@ -36,6 +38,14 @@ class RevisionNotFound(RolloutError, LookupError):
 
 class PermissionDenied(RolloutError, PermissionError):
     """The store refused the operation for this identity (e.g. a gateway's read-only Redis user)."""
+
+
+class RampNotAllowed(RolloutError):
+    """The ramp is not in a state that allows the requested action."""
+
+
+class LeaseLost(RolloutError):
+    """A ramp controller tried to write after another one took over its lease."""
 
 
 class StoreUnavailable(RolloutError, ConnectionError):

@@ -4,7 +4,8 @@ Keys, under one namespace per application (`rollout:<app>:`):
 
 - `state`    hash: the current state's fields plus `revision`
 - `history`  hash: revision -> the state's JSON (the rollback path)
-- `audit`    stream: actor, action, reason, revision, before, after, ts
+- `audit`    stream: actor, action, reason, revision, before, after, ts; notes (entries that
+             change nothing, e.g. ramp evaluations) add `detail` (JSON)
 - `changes`  pub/sub channel: the new revision, published on every change
 - `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
 - `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
@@ -36,6 +37,16 @@ redis.call('XADD', KEYS[3], '*', 'ts', ARGV[4], 'actor', ARGV[5], 'action', ARGV
            'reason', ARGV[7], 'revision', ARGV[2], 'before', ARGV[8], 'after', ARGV[3])
 redis.call('PUBLISH', ARGV[9], ARGV[2])
 return {1, tonumber(ARGV[2])}
+"""
+
+# An audit entry that changes nothing: the current state as both before and after.
+NOTE = """
+local state = redis.call('HGET', KEYS[1], 'json')
+local revision = redis.call('HGET', KEYS[1], 'revision') or '0'
+local before = state or ''
+redis.call('XADD', KEYS[2], '*', 'ts', ARGV[1], 'actor', ARGV[2], 'action', ARGV[3],
+           'reason', ARGV[4], 'revision', revision, 'before', before, 'after', state or ARGV[5],
+           'detail', ARGV[6])
 """
 
 _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError)
@@ -126,6 +137,7 @@ class RedisStateStore(StateStore):
             decode_responses=True,
         )
         self._cas = self._client.register_script(_CAS)
+        self._note = self._client.register_script(NOTE)
 
     def _call(self, fn, *args, **kwargs):
         return call_redis(self.url, fn, *args, **kwargs)
@@ -151,6 +163,13 @@ class RedisStateStore(StateStore):
         if not ok:
             raise RevisionConflict(before.revision, int(current))
         return after
+
+    def note(self, *, ts, actor, action, reason, detail=None):
+        self._call(
+            self._note, keys=[self.state_key, self.audit_key],
+            args=[repr(ts), actor, action, reason, RolloutState().model_dump_json(),
+                  json.dumps(detail) if detail is not None else ""],
+        )
 
     def audit(self, last=None):
         if last:
@@ -195,6 +214,7 @@ def _verdict_field(baseline_version: str, optimized_version: str) -> str:
 
 def _entry(entry_id: str, fields: dict[str, str]) -> AuditEntry:
     before = fields.get("before") or None
+    detail = fields.get("detail") or None
     return AuditEntry(
         id=entry_id,
         ts=float(fields["ts"]),
@@ -204,4 +224,5 @@ def _entry(entry_id: str, fields: dict[str, str]) -> AuditEntry:
         revision=int(fields["revision"]),
         before=RolloutState.model_validate(json.loads(before)) if before else None,
         after=RolloutState.model_validate_json(fields["after"]),
+        detail=json.loads(detail) if detail else None,
     )

@@ -152,6 +152,15 @@ class Settings(BaseSettings):
         0.0, ge=0, le=1_000_000, description="price of one device-hour, for cost per request"
     )
 
+    # --- progressive ramp ----------------------------------------------------------------------
+    ramp_interval_s: float = Field(
+        5.0, gt=0, le=3_600, description="how often the ramp controller evaluates the ramp"
+    )
+    ramp_lease_ttl_s: float = Field(
+        15.0, gt=0, le=3_600, description="a controller that stops renewing loses its lease"
+    )
+    ramp_controller_num_cpus: float = Field(0.05, ge=0, le=8)
+
     @field_validator("labels", mode="before")
     @classmethod
     def _split_labels(cls, value):
@@ -215,6 +224,8 @@ class Settings(BaseSettings):
             raise ValueError("verify_speed_batch must be one of verify_batch_sizes")
         if self.max_item_chars > self.max_total_chars:
             raise ValueError("max_item_chars cannot exceed max_total_chars")
+        if self.ramp_lease_ttl_s <= self.ramp_interval_s:
+            raise ValueError("ramp_lease_ttl_s must be longer than ramp_interval_s")
         return self
 
     def control_settings(self) -> Settings:

@@ -55,6 +55,7 @@ class AuditEntry(BaseModel):
     revision: int
     before: RolloutState | None
     after: RolloutState
+    detail: dict | None = None  # what a note saw (e.g. a ramp evaluation's gate values)
 
 
 class DeploymentReport(BaseModel):

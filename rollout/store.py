@@ -69,8 +69,8 @@ class StateStore(abc.ABC):
     def deployments(self) -> list[DeploymentReport]:
         """The newest report of every gateway, oldest first (readers judge freshness by `ts`)."""
 
-    # Verdicts are not abstract, so test doubles that wrap a store need not implement them;
-    # both real stores do, and run the same contract tests.
+    # Verdicts and notes are not abstract, so test doubles that wrap a store need not implement
+    # them; both real stores do, and run the same contract tests.
     def put_verdict(self, verdict: Verdict) -> None:
         """Keep `verdict` as the latest for its (baseline, optimized) version pair."""
         raise NotImplementedError(f"{type(self).__name__} keeps no verdicts")
@@ -78,6 +78,12 @@ class StateStore(abc.ABC):
     def get_verdict(self, baseline_version: str, optimized_version: str) -> Verdict | None:
         """The latest verdict for exactly this version pair, or None."""
         raise NotImplementedError(f"{type(self).__name__} keeps no verdicts")
+
+    def note(self, *, ts: float, actor: str, action: str, reason: str,
+             detail: dict | None = None) -> None:
+        """Append an audit entry that changes nothing (e.g. a ramp evaluation): its revision is
+        the current one, `before` and `after` are both the current state, nobody is notified."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no notes")
 
     def ping(self) -> None:
         """Raise StoreUnavailable when the store cannot be reached."""
@@ -146,6 +152,17 @@ class MemoryStateStore(StateStore):
             self._published += 1
             self._changed.notify_all()
             return after
+
+    def note(self, *, ts, actor, action, reason, detail=None):
+        with self._changed:
+            state = self._state
+            self._audit.append(
+                AuditEntry(
+                    id=f"{next(self._ids)}-0", ts=ts, actor=actor, action=action, reason=reason,
+                    revision=state.revision, before=state if state.revision else None,
+                    after=state, detail=detail,
+                )
+            )
 
     def audit(self, last=None):
         with self._changed:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from ray.serve import Application
 
 from rollout.settings import Settings
+from serve.controller import RampControllerDeployment
 from serve.gateway import Gateway
 from serve.model import ModelServer
 
 
 def build(settings: Settings, live: dict[str, dict] | None = None) -> Application:
-    """The gateway bound to one model deployment per arm, sized from the settings.
+    """The gateway bound to one model deployment per arm and the ramp controller, sized from
+    the settings.
 
     `live` adds per-arm `user_config` entries (see `ModelServer.reconfigure`), e.g.
     `{"optimized": {"fault_error": True}}` for a fault drill.
@@ -39,10 +41,13 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
         for arm in ("baseline", "optimized")
     }
     baseline, optimized = arms["baseline"], arms["optimized"]
+    controller = RampControllerDeployment.options(
+        ray_actor_options={"num_cpus": settings.ramp_controller_num_cpus},
+    ).bind(settings)
     return Gateway.options(
         ray_actor_options={"num_cpus": settings.gateway_num_cpus},
         max_ongoing_requests=settings.gateway_max_ongoing_requests,
-    ).bind(baseline, optimized, settings)
+    ).bind(baseline, optimized, settings, ramp_controller=controller)
 
 
 def app(args: dict[str, str]) -> Application:

@@ -104,9 +104,11 @@ def server_timing(stages: dict[str, float]) -> str:
 @serve.ingress(api)
 class Gateway(DashboardRoutes):
     async def __init__(
-        self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings
+        self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings,
+        ramp_controller: DeploymentHandle | None = None,
     ):
         self.settings = settings
+        self.ramp_controller = ramp_controller  # bound here so the application includes it
         self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}

@@ -35,6 +35,12 @@ class GatewayApp:
         """Audited changes, as an operator."""
         return Rollout(open_store(self.operator))
 
+    def ramp_control(self):
+        """The operator's ramp actions (close `.states` and `.ramps` after use)."""
+        from rollout.ramp import RampControl, open_ramp_store
+
+        return RampControl(open_store(self.operator), open_ramp_store(self.operator))
+
     def served_state(self) -> dict:
         return self.client.get("/v1/rollout").json()
 
@@ -110,8 +116,10 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
         "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
-        # dashboard actions: the token, and the operator's connection to change the state
-        "operator_token": OPERATOR_TOKEN, "control_redis_url": redis.url, **overrides,
+        # the ramp controller runs in the app as the `controller` Redis user, evaluating often;
+        # dashboard actions use the same control connection, with the operator token
+        "control_redis_url": redis.url_for("controller"), "ramp_interval_s": 0.25,
+        "ramp_lease_ttl_s": 2.0, "operator_token": OPERATOR_TOKEN, **overrides,
     })
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

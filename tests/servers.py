@@ -21,15 +21,16 @@ def free_port() -> int:
 
 
 ACL_FILE = Path(__file__).resolve().parents[1] / "ops" / "redis-users.acl"
-ACL_PASSWORDS = {"operator": "change-me-operator", "gateway": "change-me-gateway"}
+ACL_PASSWORDS = {"operator": "change-me-operator", "gateway": "change-me-gateway",
+                 "controller": "change-me-controller"}
 
 
 class RedisServer:
     """A throwaway `redis-server` on 127.0.0.1: start, stop, restart (same port), pause.
 
     `password`: requirepass for the default user. `acl`: load ops/redis-users.acl (users
-    `operator` and `gateway`; the default user is off). `tls`: serve TLS only, with a
-    self-signed CA made with openssl in the server's temp dir.
+    `operator`, `gateway` and `controller`; the default user is off). `tls`: serve TLS only,
+    with a self-signed CA made with openssl in the server's temp dir.
     """
 
     def __init__(self, password: str | None = None, *, acl: bool = False, tls: bool = False):

@@ -180,6 +180,30 @@ class StoreContract:
 
     # --- change notifications ----------------------------------------------------------------
 
+    def test_a_note_is_audited_without_changing_the_state(self, store):
+        store.note(ts=5.0, actor="ramp-controller", action="ramp-evaluate", reason="hold",
+                   detail={"gates": [{"name": "error_rate", "value": 0.0}]})
+        first = store.audit()[-1]
+        assert (first.revision, first.before, first.after) == (0, None, RolloutState())
+        state = write(store, canary_bp=500)
+        store.note(ts=6.5, actor="ramp-controller", action="ramp-evaluate", reason="hold again")
+        entries = store.audit()
+        assert [e.action for e in entries] == ["ramp-evaluate", "write 1", "ramp-evaluate"]
+        assert entries[0].detail == {"gates": [{"name": "error_rate", "value": 0.0}]}
+        assert entries[0].ts == 5.0 and entries[0].reason == "hold"
+        note = entries[-1]
+        assert (note.revision, note.before, note.after, note.detail) == (1, state, state, None)
+        assert note.ts == 6.5
+        assert store.get() == state and entries[1].detail is None
+
+    def test_a_note_notifies_no_one(self, store):
+        subscription = store.subscribe()
+        try:
+            store.note(ts=1.0, actor="a", action="ramp-evaluate", reason="r")
+            assert subscription.wait(0.2) is False
+        finally:
+            subscription.close()
+
     def test_subscription_wakes_on_a_write_from_another_thread(self, store):
         subscription = store.subscribe()
         try:

@@ -19,6 +19,7 @@ def test_production_config_is_valid():
     schema = ServeDeploySchema.model_validate(raw)
     (application,) = schema.applications
     assert application.import_path == "serve.config:app"
-    assert {d.name for d in application.deployments} == {"gateway", "baseline", "optimized"}
+    assert {d.name for d in application.deployments} == {
+        "gateway", "baseline", "optimized", "ramp-controller"}
     settings = Settings(**application.args)
     assert settings.model_num_gpus == 0.5

@@ -220,3 +220,9 @@ def test_control_connection_defaults_to_redis_url_and_is_validated():
     assert split.redis_url == "redis://gateway:pw@h:6379/0"
     with pytest.raises(pydantic.ValidationError, match="must start with redis://"):
         Settings(control_redis_url="http://h:6379")
+
+
+def test_the_ramp_lease_must_outlive_the_controller_interval():
+    assert Settings(ramp_interval_s=1, ramp_lease_ttl_s=3).ramp_lease_ttl_s == 3
+    with pytest.raises(pydantic.ValidationError, match="ramp_lease_ttl_s must be longer"):
+        Settings(ramp_interval_s=10, ramp_lease_ttl_s=10)

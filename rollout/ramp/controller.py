@@ -1,0 +1,110 @@
+"""The ramp controller: one loop per application that evaluates the ramp and applies decisions.
+
+Every `interval_s` seconds: take or renew the lease (a controller without it stands by), load
+the ramp, and if it is active read the rollout state, the versions the gateways serve, their
+verify verdict and the metrics; evaluate (rollout.ramp.machine); apply the decision.
+
+Applying: the share moves first, through `Rollout.set_canary` (audited, actor
+`ramp-controller`, the decision as the reason): an advance is a compare-and-set on the state
+the evaluation read, so a concurrent change wins and the next tick re-evaluates; a rollback to
+0 retries through concurrent writes. Then the ramp record is written (fenced by the lease) when
+the decision changed it, else the evaluation is recorded; either way the audit stream gets the
+decision with every gate's value and threshold. A crash between the two writes is repaired by
+the next evaluation (machine rule 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from rollout.clock import Clock, SystemClock
+from rollout.control import Rollout
+from rollout.errors import RevisionConflict, RolloutError
+from rollout.ramp.machine import CONTROLLER, Decision, evaluate
+from rollout.ramp.metrics import RampMetrics
+from rollout.ramp.store import RampStore
+from rollout.store import StateStore
+
+log = logging.getLogger("canary.ramp")
+
+_ROLLBACK_ATTEMPTS = 20
+
+
+class RampController:
+    def __init__(self, states: StateStore, ramps: RampStore, metrics: RampMetrics, *,
+                 clock: Clock | None = None, owner: str | None = None,
+                 interval_s: float = 5.0, lease_ttl_s: float = 15.0):
+        self.clock = clock or SystemClock()
+        self.states, self.ramps, self.metrics = states, ramps, metrics
+        self.rollout = Rollout(states, self.clock)
+        self.owner = owner or f"{CONTROLLER}-{uuid.uuid4().hex[:12]}"
+        self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
+        self.ticks = 0
+
+    def tick(self) -> Decision | None:
+        """One evaluation; None when standing by (no lease) or when no ramp is active."""
+        self.ticks += 1
+        if not self.ramps.acquire(self.owner, self.lease_ttl_s):
+            return None
+        ramp = self.ramps.get()
+        if ramp is None or not ramp.active:
+            return None
+        state = self.states.get()
+        live = self.rollout.live_versions()
+        verdict = self.states.get_verdict(*next(iter(live))) if len(live) == 1 else None
+        now = self.clock.time()
+        decision = evaluate(ramp, state, self.metrics, verdict=verdict, live=live, now=now)
+        moves = decision.target_bp is not None and decision.target_bp != state.canary_bp
+        if moves and not self._move(decision, state.revision):
+            return decision
+        detail = decision.detail()
+        unchanged = decision.ramp.model_copy(update={"updated_at": ramp.updated_at}) == ramp
+        if unchanged:
+            self.ramps.record(ts=now, actor=CONTROLLER, action=decision.action,
+                              reason=decision.reason, detail=detail)
+        else:
+            after = decision.ramp.model_copy(update={"revision": ramp.revision + 1})
+            self.ramps.put(ramp, after, actor=CONTROLLER, action=decision.action,
+                           reason=decision.reason, detail=detail, owner=self.owner,
+                           evaluation=True)
+        if decision.kind not in ("hold", "wait-approval"):
+            log.info("ramp %s: %s", decision.kind, decision.reason)
+        return decision
+
+    def _move(self, decision: Decision, revision: int) -> bool:
+        """Set the decided share; False when an advance lost to a concurrent change."""
+        if decision.kind != "rollback":
+            try:
+                self.rollout.set_canary(decision.target_bp, actor=CONTROLLER,
+                                        reason=decision.reason, expected_revision=revision)
+                return True
+            except RevisionConflict:
+                log.info("ramp: the state changed during the evaluation; re-evaluating")
+                return False
+        for _ in range(_ROLLBACK_ATTEMPTS):
+            try:
+                self.rollout.set_canary(0, actor=CONTROLLER, reason=decision.reason)
+                return True
+            except RevisionConflict:
+                continue
+        raise RevisionConflict(revision, self.states.get().revision)
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every `interval_s` until `stop` is set, then give the lease up. Errors (an
+        unreachable store, a lost lease) are logged and the loop goes on."""
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except RolloutError as exc:
+                    log.warning("ramp controller: %s", exc)
+                except Exception:  # keep the loop alive; the next tick starts afresh
+                    log.exception("ramp controller: unexpected error")
+                stop.wait(self.interval_s)
+        finally:
+            try:
+                self.ramps.release(self.owner)
+            except RolloutError:
+                pass

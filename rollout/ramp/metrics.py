@@ -1,0 +1,37 @@
+"""Where a ramp's gates read their numbers: a narrow protocol, and its adapter over the windows.
+
+`arm(arm, last_s)` is `rollout.windows.Windows.arm`; `agreement(last_s)` answers the online
+(shadow) agreement as (pairs, Wilson 95 % lower bound). Unit tests script this protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rollout.windows import ArmStats, Windows
+
+
+class RampMetrics(Protocol):
+    def arm(self, arm: str, last_s: int) -> ArmStats:
+        """One arm's statistics over the last `last_s` seconds."""
+
+    def agreement(self, last_s: int) -> tuple[int, float | None]:
+        """Shadow pairs compared over the last `last_s` seconds and the agreement's lower
+        bound (None when there is nothing to judge)."""
+
+
+class WindowsMetrics:
+    """The ramp's metrics from the per-arm windows (and shadow agreement) in Redis."""
+
+    def __init__(self, windows: Windows):
+        self.windows = windows
+
+    def arm(self, arm: str, last_s: int) -> ArmStats:
+        return self.windows.arm(arm, last_s)
+
+    def agreement(self, last_s: int) -> tuple[int, float | None]:
+        shadow = getattr(self.windows, "shadow", None)
+        if shadow is None:  # windows without shadow comparison: the gate waits, never passes
+            return 0, None
+        stats = shadow(last_s)
+        return stats.pairs, stats.lower_bound

@@ -1,0 +1,140 @@
+"""A ramp plan: the steps a canary climbs and the gates it must pass, loaded from YAML.
+
+    window_s: 60             # gates judge the last N seconds of the current step (at most)
+    failures_tolerated: 1    # consecutive failing evaluations before rolling back
+    gates:
+      min_samples: 20              # canary requests in the window before any gate is judged
+      agreement_lower_bound: 0.98  # online agreement (Wilson 95 % lower bound) >= X
+      min_agreement_pairs: 50      # shadow pairs needed to judge the agreement gate
+      error_rate_delta: 0.01       # canary error rate <= baseline error rate + Y
+      timeout_rate: 0.01           # canary timeout rate <= Z
+      p99_ratio: 1.5               # canary p99 <= baseline p99 x R
+      p99_ms: 500                  # canary p99 <= this many ms
+      fallback_rate: 0.02          # canary requests answered by the baseline fallback <= F
+    steps:
+      - {percent: 1, min_duration_s: 300, min_samples: 200}
+      - {percent: 50, min_duration_s: 600, min_samples: 1000, approval: true}
+      - {percent: 100, min_duration_s: 600, min_samples: 1000}
+
+Every gate is optional, but a plan needs at least one. Shares rise strictly and the last step
+is 100 % (reaching it and passing its gates is the promotion). Unknown fields are refused, and
+every error names the field it is about (`steps.1.percent: ...`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollout.errors import InvalidChange
+from rollout.state import BUCKETS, parse_percent
+
+
+class PlanError(InvalidChange):
+    """The plan file is unreadable or invalid; the message names each offending field."""
+
+
+class Step(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    percent: float = Field(gt=0, le=100, description="canary share of this step")
+    min_duration_s: float = Field(0.0, ge=0, le=7 * 86_400, description="soak time")
+    min_samples: int = Field(0, ge=0, le=100_000_000, description="canary requests in window")
+    approval: bool = Field(False, description="an operator approves before this step starts")
+
+    @field_validator("percent")
+    @classmethod
+    def _exact(cls, value: float) -> float:
+        parse_percent(value)  # at most two decimals: every share is a whole basis point
+        return value
+
+    @property
+    def bp(self) -> int:
+        return parse_percent(self.percent)
+
+
+class Gates(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_samples: int = Field(10, ge=1, le=100_000_000)
+    agreement_lower_bound: float | None = Field(None, ge=0, le=1)
+    min_agreement_pairs: int = Field(50, ge=1, le=100_000_000)
+    error_rate_delta: float | None = Field(None, ge=0, le=1)
+    timeout_rate: float | None = Field(None, ge=0, le=1)
+    p99_ratio: float | None = Field(None, ge=1, le=1000)
+    p99_ms: float | None = Field(None, gt=0, le=3_600_000)
+    fallback_rate: float | None = Field(None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _some_gate(self):
+        names = ("agreement_lower_bound", "error_rate_delta", "timeout_rate", "p99_ratio",
+                 "p99_ms", "fallback_rate")
+        if all(getattr(self, name) is None for name in names):
+            raise ValueError(f"give at least one gate ({', '.join(names)})")
+        return self
+
+
+class RampPlan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: tuple[Step, ...] = Field(min_length=1, max_length=100)
+    gates: Gates
+    window_s: int = Field(60, ge=1, le=3_600)
+    failures_tolerated: int = Field(0, ge=0, le=1_000)
+
+    @model_validator(mode="after")
+    def _rising_to_100(self):
+        shares = [step.bp for step in self.steps]
+        for i in range(1, len(shares)):
+            if shares[i] <= shares[i - 1]:
+                raise ValueError(f"steps.{i}.percent: shares must rise strictly "
+                                 f"({self.steps[i].percent} after {self.steps[i - 1].percent})")
+        if shares[-1] != BUCKETS:
+            raise ValueError(f"steps.{len(shares) - 1}.percent: the last step must be 100 "
+                             "(promotion)")
+        return self
+
+    @property
+    def shares_bp(self) -> tuple[int, ...]:
+        return tuple(step.bp for step in self.steps)
+
+
+def _field(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc) or "plan"
+
+
+def parse_plan(data: object) -> RampPlan:
+    """A plan from already-parsed YAML/JSON data; PlanError names every bad field."""
+    if not isinstance(data, dict):
+        raise PlanError("a ramp plan is a mapping with `steps` and `gates`")
+    try:
+        return RampPlan.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            msg = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                msg = "unknown field"
+            where = _field(error["loc"])
+            problems.append(msg if msg.startswith("steps.") else f"{where}: {msg}")
+        raise PlanError("invalid ramp plan: " + "; ".join(problems)) from None
+
+
+def load_plan(text: str) -> RampPlan:
+    """A plan from YAML text."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"the ramp plan is not valid YAML: {str(exc).splitlines()[0]}") from None
+    return parse_plan(data)
+
+
+def read_plan(path: str | Path) -> RampPlan:
+    """A plan from a YAML file."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"cannot read the ramp plan {path}: {exc}") from None
+    return load_plan(text)

@@ -1,0 +1,115 @@
+"""A ramp controller on in-memory stores, a fake clock and scripted metrics, for unit tests."""
+
+from __future__ import annotations
+
+from rollout import DeploymentReport, FakeClock, MemoryStateStore, Rollout, Verdict
+from rollout.ramp import CONTROLLER, MemoryRampStore, RampControl, RampController, parse_plan
+from rollout.windows import ArmStats
+
+BASELINE, OPTIMIZED = "fp32-aaaa", "bf16-bbbb"
+
+PLAN = {
+    "window_s": 60,
+    "failures_tolerated": 1,
+    "gates": {"min_samples": 10, "error_rate_delta": 0.01, "timeout_rate": 0.01,
+              "p99_ratio": 1.5, "p99_ms": 500, "fallback_rate": 0.02},
+    "steps": [
+        {"percent": 10, "min_duration_s": 30, "min_samples": 50},
+        {"percent": 50, "min_duration_s": 30, "min_samples": 50},
+        {"percent": 100, "min_duration_s": 30, "min_samples": 50},
+    ],
+}
+
+
+def stats(arm: str, requests: int = 0, *, error_rate: float = 0.0, timeout_rate: float = 0.0,
+          fallbacks: int = 0, p99_ms: float | None = 40.0, seconds: float = 60.0) -> ArmStats:
+    calls = requests
+    return ArmStats(
+        arm=arm, seconds=seconds, requests=requests, calls=calls,
+        request_rate=requests / seconds, success_rate=1.0 if requests else None,
+        error_rate=error_rate if calls else None, timeout_rate=timeout_rate if calls else None,
+        retry_rate=fallbacks / requests if requests else None, fallbacks=fallbacks,
+        p50_ms=None, p99_ms=p99_ms if requests else None, mean_ms=None, queue_mean=None,
+        batch_mean=None, stage_ms={}, compute_ms=None, cost_per_1k=None, statuses={},
+    )
+
+
+class ScriptedMetrics:
+    """Answers what the test set; remembers every window it was asked for."""
+
+    def __init__(self):
+        self.canary = stats("optimized")
+        self.baseline = stats("baseline", 500)
+        self.pairs, self.lower_bound = 0, None
+        self.asked: list[int] = []
+
+    def arm(self, arm, last_s):
+        self.asked.append(last_s)
+        return self.canary if arm == "optimized" else self.baseline
+
+    def agreement(self, last_s):
+        return self.pairs, self.lower_bound
+
+
+class Harness:
+    def __init__(self, plan: dict | None = None):
+        self.clock = FakeClock()
+        self.states = MemoryStateStore()
+        self.ramps = MemoryRampStore(self.states, self.clock)
+        self.metrics = ScriptedMetrics()
+        self.rollout = Rollout(self.states, self.clock)
+        self.control = RampControl(self.states, self.ramps, self.clock)
+        self.controller = self.new_controller("c1")
+        self.plan = parse_plan(plan or PLAN)
+        self.versions = (BASELINE, OPTIMIZED)
+        self.heartbeat()
+
+    def new_controller(self, owner: str) -> RampController:
+        return RampController(self.states, self.ramps, self.metrics, clock=self.clock,
+                              owner=owner, interval_s=5.0, lease_ttl_s=15.0)
+
+    def heartbeat(self) -> None:
+        baseline, optimized = self.versions
+        self.states.report_deployment(DeploymentReport(
+            gateway="gw-1", baseline_version=baseline, optimized_version=optimized,
+            ts=self.clock.time()))
+
+    def verdict(self, passed: bool = True) -> None:
+        self.states.put_verdict(Verdict(
+            baseline_version=BASELINE, optimized_version=OPTIMIZED, passed=passed,
+            failures=() if passed else ("agreement 0.9 < 0.995",), n=2600,
+            agreement=0.999 if passed else 0.9, agreement_lower_bound=0.998 if passed else 0.89))
+
+    def start(self, *, force: bool = False, plan=None):
+        return self.control.start(plan or self.plan, actor="alice", reason="ramp v2",
+                                  force=force)
+
+    def healthy(self, requests: int = 100) -> None:
+        self.metrics.canary = stats("optimized", requests)
+
+    def tick(self, seconds: float = 5.0, controller: RampController | None = None):
+        self.clock.advance(seconds)
+        self.heartbeat()
+        return (controller or self.controller).tick()
+
+    def run_until(self, kind: str, limit: int = 100):
+        return self.run_until_with(self.controller, kind, limit)
+
+    def run_until_with(self, controller: RampController, kind: str, limit: int = 100):
+        for _ in range(limit):
+            decision = self.tick(controller=controller)
+            if decision is not None and decision.kind == kind:
+                return decision
+        raise AssertionError(f"no {kind} decision in {limit} ticks")
+
+    @property
+    def share(self) -> int:
+        return self.states.get().canary_bp
+
+    @property
+    def ramp(self):
+        return self.ramps.get()
+
+    def controller_changes(self) -> list[str]:
+        return [e.action for e in self.states.audit() if e.actor == CONTROLLER
+                and e.action.startswith("canary")]

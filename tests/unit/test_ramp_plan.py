@@ -1,0 +1,108 @@
+"""Ramp plans from YAML: what is accepted, and that every refusal names its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollout import FakeClock, InvalidChange
+from rollout.ramp import PlanError, WindowsMetrics, load_plan, read_plan
+from rollout.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """
+gates: {error_rate_delta: 0.01}
+steps:
+  - {percent: 0.5, min_duration_s: 60, min_samples: 10}
+  - {percent: 100}
+"""
+
+
+def test_the_shipped_example_plan_is_valid():
+    plan = read_plan(ROOT / "ops" / "plans" / "example-ramp.yaml")
+    assert plan.shares_bp == (100, 500, 2500, 5000, 10_000)
+    assert [s.approval for s in plan.steps] == [False, False, True, False, False]
+    assert plan.gates.agreement_lower_bound == 0.98 and plan.failures_tolerated == 1
+
+
+def test_defaults_of_a_minimal_plan():
+    plan = load_plan(GOOD)
+    assert plan.shares_bp == (50, 10_000)
+    assert (plan.window_s, plan.failures_tolerated, plan.gates.min_samples) == (60, 0, 10)
+    assert plan.steps[1].min_duration_s == 0 and plan.gates.p99_ms is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 10}, {percent: 5}, {percent: 100}]",
+     "steps.1.percent: shares must rise strictly"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 10}, {percent: 50}]",
+     "steps.1.percent: the last step must be 100"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 0.125}, {percent: 100}]",
+     "steps.0.percent: "),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 0}, {percent: 100}]",
+     "steps.0.percent: Input should be greater than 0"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 100, min_duration_s: -1}]",
+     "steps.0.min_duration_s: Input should be greater than or equal to 0"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 100, approvall: true}]",
+     "steps.0.approvall: unknown field"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: []", "steps: Tuple should have at least 1 item"),
+    ("gates: {p99_ratio: 0.5}\nsteps: [{percent: 100}]",
+     "gates.p99_ratio: Input should be greater than or equal to 1"),
+    ("gates: {min_samples: 5}\nsteps: [{percent: 100}]", "gates: give at least one gate"),
+    ("gates: {error_rate_delta: 1.5}\nsteps: [{percent: 100}]", "gates.error_rate_delta: "),
+    ("steps: [{percent: 100}]", "gates: Field required"),
+    ("gates: {error_rate_delta: 0.01}", "steps: Field required"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 100}]\nwindow_s: 0",
+     "window_s: Input should be greater than or equal to 1"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 100}]\nfailures_tolerated: x",
+     "failures_tolerated: Input should be a valid integer"),
+    ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 100}]\nspeed: fast",
+     "speed: unknown field"),
+    ("- just\n- a list", "a ramp plan is a mapping"),
+    ("steps: [unclosed", "not valid YAML"),
+    ("", "a ramp plan is a mapping"),
+])
+def test_an_invalid_plan_is_refused_naming_the_field(text, message):
+    with pytest.raises(PlanError) as caught:
+        load_plan(text)
+    assert message in str(caught.value)
+    assert isinstance(caught.value, InvalidChange)  # the CLI's exit 2
+
+
+def test_an_unreadable_plan_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match="cannot read the ramp plan"):
+        read_plan(tmp_path / "missing.yaml")
+
+
+# --- the metrics adapter ------------------------------------------------------------------------
+
+
+def windows_with_one_canary_request():
+    clock = FakeClock(1_000.0)
+    hashes = MemoryHashes()
+    record = RequestRecord(routed="optimized", status=200, latency_ms=12.0,
+                           attempts=(Attempt("optimized", "ok"),))
+    hashes.increment(merge_fields([(999.5, record)], "app"))
+    return Windows(hashes, "app", clock=clock)
+
+
+def test_the_adapter_reads_arms_from_the_windows():
+    metrics = WindowsMetrics(windows_with_one_canary_request())
+    assert metrics.arm("optimized", 5).requests == 1
+    assert metrics.arm("baseline", 5).requests == 0
+
+
+def test_without_shadow_windows_the_agreement_is_unknown():
+    assert WindowsMetrics(windows_with_one_canary_request()).agreement(60) == (0, None)
+
+
+def test_with_shadow_windows_the_agreement_comes_from_them():
+    class Shadow:
+        pairs, agreed, agreement, lower_bound = 200, 199, 0.995, 0.972
+
+    windows = windows_with_one_canary_request()
+    asked = []
+    windows.shadow = lambda last_s: asked.append(last_s) or Shadow()
+    assert WindowsMetrics(windows).agreement(30) == (200, 0.972) and asked == [30]
