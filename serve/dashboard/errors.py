@@ -8,6 +8,7 @@ them as JSON `{"error": {"type", "message", "request_id"}}`:
     ├── ReadOnly               403  no operator token is configured: actions are refused
     ├── NotFound               404  no such trace, no such asset
     ├── Conflict               409  the state moved since the operator looked (revision)
+    │   └── RampNotPossible    409  the ramp does not allow this action now (or there is none)
     ├── ConfirmationRequired   428  a big move (>= 50 points or to 100 %): resend confirmed
     └── ControlUnavailable     503  the state store cannot be reached or may not be changed
 """
@@ -18,7 +19,7 @@ from serve.errors import GatewayError, InputTooLarge, InvalidInput
 
 __all__ = [
     "ConfirmationRequired", "Conflict", "ControlUnavailable", "InputTooLarge", "InvalidInput",
-    "NotFound", "ReadOnly", "Unauthorized",
+    "NotFound", "RampNotPossible", "ReadOnly", "Unauthorized",
 ]
 
 
@@ -36,6 +37,10 @@ class NotFound(GatewayError):
 
 class Conflict(GatewayError):
     status, type = 409, "revision_conflict"
+
+
+class RampNotPossible(Conflict):
+    type = "ramp_not_allowed"
 
 
 class ConfirmationRequired(GatewayError):

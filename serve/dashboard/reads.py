@@ -105,8 +105,9 @@ class Readings:
         return self.memo.get("status", STATUS_TTL_S, read)
 
     def changed(self) -> None:
-        """An action went through: the next status read goes to the store."""
+        """An action went through: the next status and ramp reads go to the store."""
         self.memo.forget("status")
+        self.memo.forget("ramp")
 
     @_reading
     def series(self, last_s: int, step_s: int) -> dict:

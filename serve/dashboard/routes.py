@@ -8,7 +8,8 @@
     GET  /v1/audit?last=                the newest audit entries, newest first
     GET  /v1/traces?last=               the newest traces' summaries
     GET  /v1/traces/<trace id>          one trace's spans
-    GET  /v1/ramp                       the ramp (none in this build: `{"active": false}`)
+    GET  /v1/ramp                       `rollout ramp status --json`, plus `active`
+    POST /v1/ramp/<action>              pause, resume, approve, abort: {"reason", "actor"}
     POST /v1/rollout/canary             {"percent", "reason", "expected_revision", "confirm"}
     POST /v1/rollout/kill               {"reason"}
     POST /v1/rollout/unkill             {"reason", "expected_revision", "confirm"}
@@ -29,11 +30,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rollout import Rollout, open_store, open_telemetry
+from rollout.ramp import RampControl, open_ramp_store
 from serve.dashboard.actions import MAX_BODY, Actions, authorize
 from serve.dashboard.errors import NotFound
+from serve.dashboard.ramp import ACTIONS as RAMP_ACTIONS
+from serve.dashboard.ramp import ramp_action, ramp_status
 from serve.dashboard.reads import Readings, bounded_int
 
 router = APIRouter()
+RAMP_TTL_S = 1.0
 STATIC = Path(__file__).parent / "static"
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
@@ -77,12 +82,30 @@ class DashboardRoutes:
             self._dashboard_readings = readings
         return readings
 
+    def _ramp_reader(self) -> RampControl:
+        reader = getattr(self, "_dashboard_ramps", None)
+        if reader is None:
+            reader = RampControl(self.store, open_ramp_store(self.settings))
+            self._dashboard_ramps = reader
+        return reader
+
+    def _control_store(self):
+        """The write-capable state store (control connection), opened on first use."""
+        store = getattr(self, "_dashboard_control", None)
+        if store is None:
+            store = open_store(self.settings.control_settings())
+            self._dashboard_control = store
+        return store
+
+    def _control_ramps(self):
+        ramps = getattr(self, "_dashboard_control_ramps", None)
+        if ramps is None:
+            ramps = open_ramp_store(self.settings.control_settings())
+            self._dashboard_control_ramps = ramps
+        return ramps
+
     def _actions(self) -> Actions:
-        actions = getattr(self, "_dashboard_actions", None)
-        if actions is None:
-            actions = Actions(Rollout(open_store(self.settings.control_settings())))
-            self._dashboard_actions = actions
-        return actions
+        return Actions(Rollout(self._control_store()))
 
     @router.get("/dashboard", include_in_schema=False)
     async def dashboard_page(self) -> Response:
@@ -124,9 +147,22 @@ class DashboardRoutes:
 
     @router.get("/v1/ramp")
     async def dashboard_ramp(self) -> dict:
-        # TODO(ramp, issue 5): the ramp controller's status once it is part of the build.
-        return {"active": False, "ramp": None, "time_in_step_s": None, "controller": None,
-                "last_evaluation": None, "message": "this gateway has no ramp controller"}
+        readings = self._readings()
+        control = self._ramp_reader()
+        return await asyncio.to_thread(
+            readings.memo.get, "ramp", RAMP_TTL_S, lambda: ramp_status(control))
+
+    @router.post("/v1/ramp/{action}")
+    async def dashboard_ramp_action(self, action: str, request: Request) -> dict:
+        if action not in RAMP_ACTIONS:
+            raise NotFound(f"no ramp action {action!r} ({', '.join(RAMP_ACTIONS)})")
+        authorize(self.settings.operator_token, request.headers.get("authorization"))
+        body = await _body(request, MAX_BODY)
+        client = request.client.host if request.client else None
+        control = RampControl(self._control_store(), self._control_ramps())
+        answer = await asyncio.to_thread(ramp_action, control, action, body, client)
+        self._readings().changed()
+        return answer
 
     @router.post("/v1/rollout/{kind}")
     async def dashboard_action(self, kind: str, request: Request) -> dict:

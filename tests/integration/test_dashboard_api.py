@@ -11,6 +11,7 @@ import time
 import pytest
 
 from ops.cli import main
+from rollout import bucket_of
 from tests.serve_app import OPERATOR_TOKEN
 
 pytestmark = pytest.mark.integration
@@ -112,8 +113,52 @@ def test_traces_list_and_one_trace(gw):
     assert gw.client.get("/v1/traces?last=0").status_code == 422
 
 
-def test_ramp_is_reported_absent(gw):
-    assert gw.client.get("/v1/ramp").json()["active"] is False
+def ramp_doc(gw) -> dict:
+    return gw.client.get("/v1/ramp").json()
+
+
+def test_the_ramp_is_what_the_cli_shows_with_gates_against_thresholds(gw, dashboard_ramp):
+    doc = wait_for(lambda: ramp_doc(gw), lambda d: d["ramp"] and d["ramp"]["step"] == 0
+                   and d["last_evaluation"])
+    canary_keys = [k for k in (f"ramp-{i}" for i in range(200)) if bucket_of(k) < 1_000][:4]
+    for key in canary_keys:  # the canary's samples for the gates (10 %: these keys)
+        assert gw.predict(["ramp traffic"], **{"X-Routing-Key": key}).headers[
+            "x-canary-arm"] == "optimized"
+    doc = wait_for(lambda: ramp_doc(gw), lambda d: any(
+        g["name"] == "p99_ms" and g["status"] in ("pass", "fail")
+        for g in d["last_evaluation"]["gates"]))
+    assert doc["active"] is True and doc["ramp"]["status"] == "running"
+    assert [s["percent"] for s in doc["ramp"]["plan"]["steps"]] == [10, 100]
+    p99 = next(g for g in doc["last_evaluation"]["gates"] if g["name"] == "p99_ms")
+    assert p99["threshold"] == 4000 and p99["value"] is not None
+    assert doc["controller"]  # the in-app controller holds the lease
+    assert gw.rollout().state().canary_bp == 1_000
+
+
+def test_ramp_actions_need_the_token_and_a_ramp_that_allows_them(gw, dashboard_ramp):
+    reply = gw.client.post("/v1/ramp/pause", json={"reason": "no token"})
+    assert reply.status_code == 401
+    assert gw.client.post("/v1/ramp/promote", json={"reason": "x"}, headers=AUTH).status_code \
+        == 404
+    for bad in ({"reason": ""}, {"reason": "x", "confirm": True}, {"reason": "x", "step": 2}):
+        assert gw.client.post("/v1/ramp/pause", json=bad, headers=AUTH).status_code == 422
+    refused = gw.client.post("/v1/ramp/resume", json={"reason": "not paused"}, headers=AUTH)
+    assert refused.status_code == 409 and refused.json()["error"]["type"] == "ramp_not_allowed"
+    paused = gw.client.post("/v1/ramp/pause", json={"reason": "look first", "actor": "carol"},
+                            headers=AUTH)
+    assert paused.status_code == 200 and paused.json()["ramp"]["status"] == "paused"
+    approved = gw.client.post("/v1/ramp/approve", json={"reason": "fine"}, headers=AUTH)
+    assert approved.status_code == 200 and approved.json()["ramp"]["approved"] == [1]
+    aborted = gw.client.post("/v1/ramp/abort", json={"reason": "enough"}, headers=AUTH)
+    assert aborted.status_code == 200 and aborted.json()["ramp"]["status"] == "aborted"
+    assert gw.rollout().state().canary_bp == 0
+    again = gw.client.post("/v1/ramp/abort", json={"reason": "twice"}, headers=AUTH)
+    assert again.status_code == 409
+    actions = [e["action"] for e in gw.client.get("/v1/audit?last=10").json()["entries"]]
+    assert "ramp-pause" in actions and "ramp-abort" in actions
+    entry = next(e for e in gw.client.get("/v1/audit?last=10").json()["entries"]
+                 if e["action"] == "ramp-pause")
+    assert entry["actor"].startswith("dashboard:carol@")
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-0123456789"},

@@ -116,6 +116,26 @@ def test_actions_without_the_token_are_refused(gw, page):
     assert gw.rollout().state().revision == before
 
 
+def test_the_ramp_panel_shows_steps_and_gates_and_steers_the_ramp(gw, dashboard_ramp, page):
+    expect(page.locator("#ramp-state")).to_have_text("running")
+    expect(page.locator("#ramp-steps tr")).to_have_count(3)  # a header and two steps
+    expect(page.locator("#ramp-steps")).to_contain_text("◀ current")
+    expect(page.locator("#ramp-gates")).to_contain_text("p99_ms")
+    expect(page.locator("#ramp-gates")).to_contain_text("4000")
+    page.fill("#token", OPERATOR_TOKEN)
+    page.fill("#reason", "hold while we look")
+    page.click("#ramp-pause")
+    expect(page.locator("#action-result")).to_have_text(re.compile(r"^ramp paused"))
+    expect(page.locator("#ramp-state")).to_have_text("paused")
+    assert dashboard_ramp.ramps.get().status == "paused"
+    page.fill("#reason", "stop the ramp")
+    page.click("#ramp-abort")
+    expect(page.locator("#action-result")).to_have_text(re.compile(r"^ramp aborted"))
+    assert dashboard_ramp.ramps.get().status == "aborted" and gw.rollout().state().canary_bp == 0
+    expect(page.locator("#audit")).to_contain_text("stop the ramp")
+    assert page.errors == []
+
+
 @pytest.mark.skipif(not hasattr(Windows, "shadow"),
                     reason="this build has no online agreement (shadow comparisons)")
 def test_online_agreement_shows_with_its_confidence_band(gw, browser):
