@@ -138,8 +138,8 @@ function renderRamp(r) {
   const gates = document.createElement("table");
   gates.id = "ramp-gates";
   fill(gates, ["gate", "value", "", "threshold", "status"], ((last && last.gates) || []).map(g => {
-    const tr = row([g.name, g.value === null ? "–" : (+g.value).toPrecision(4), GATE_OPS[g.name] || "≤",
-      g.threshold === null ? "–" : (+g.threshold).toPrecision(4), g.status + (g.note ? ` (${g.note})` : "")]);
+    const tr = row([g.name, g.value === null ? "–" : +(+g.value).toPrecision(4), GATE_OPS[g.name] || "≤",
+      g.threshold === null ? "–" : +(+g.threshold).toPrecision(4), g.status + (g.note ? ` (${g.note})` : "")]);
     tr.className = "gate " + (g.status === "fail" ? "fail" : g.status === "pass" ? "pass" : "");
     return tr;
   }));
