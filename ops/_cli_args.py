@@ -80,9 +80,13 @@ _COMMANDS = {
         "actually reaches the optimized model, the model versions and the last change; then,\n"
         "per arm over the last --window seconds (from the gateways' telemetry in Redis):\n"
         "request rate, success / error / timeout / retry rates, p50 / p99 latency, queue\n"
-        "length, mean batch size, compute time per answered call and cost per 1,000 calls.",
+        "length, mean batch size, compute time per answered call and cost per 1,000 calls;\n"
+        "and the online agreement of shadowed requests (CANARY_SHADOW_SHARE): top-1\n"
+        "agreement with its 95% lower bound and pair count, by baseline margin, embedding\n"
+        "cosine, and shadow work shed or failed.",
         "examples:\n  rollout status\n  rollout status --window 300\n"
-        "  rollout status --json | jq .effective_percent",
+        "  rollout status --json | jq .effective_percent\n"
+        "  rollout status --json | jq .traffic.shadow.lower_bound",
     ),
     "canary": (
         "move the canary share (audited)",

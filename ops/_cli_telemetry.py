@@ -1,11 +1,12 @@
-"""Plain-text views of telemetry for the `rollout` CLI: the per-arm table and trace waterfalls."""
+"""Plain-text views of telemetry for the `rollout` CLI: the per-arm table, online agreement and
+trace waterfalls."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from ops._cli_format import one_line, table, when
-from rollout import ArmStats, TraceSummary
+from rollout import ArmStats, ShadowStats, TraceSummary
 from rollout.traces import roots
 
 ARM_HEADERS = ("ARM", "REQ/S", "SUCCESS", "ERRORS", "TIMEOUTS", "RETRIES", "P50 MS", "P99 MS",
@@ -18,7 +19,10 @@ _SHOWN = (
     ("canary.kill", "kill"), ("canary.state_revision", "rev"), ("canary.attempt", "attempt"),
     ("canary.outcome", "outcome"), ("canary.queue.length", "queued"),
     ("canary.batch.requests", "batch"), ("canary.batch.items", "items"),
-    ("canary.batch.id", "batch_id"), ("error.type", "error"),
+    ("canary.batch.id", "batch_id"), ("canary.shadow.of", "shadow_of"),
+    ("canary.shadow.outcome", "shadow"), ("canary.shadow.agreed", "agreed"),
+    ("canary.shadow.margin", "margin"), ("canary.shadow.cosine", "cosine"),
+    ("error.type", "error"),
 )
 BAR = 24
 
@@ -40,6 +44,33 @@ def arm_rows(stats: Mapping[str, ArmStats]) -> list[str]:
         for s in stats.values()
     ]
     return table(ARM_HEADERS, rows)
+
+
+def shadow_lines(stats: ShadowStats) -> list[str]:
+    """Online agreement over the window: one summary line, then agreement by baseline margin."""
+    window = f"{stats.seconds:g}s"
+    load = f"shed {stats.shed}, errors {stats.errors}"
+    if not (stats.pairs or stats.cosine_n or stats.shed or stats.errors):
+        return [f"online agreement (shadow): no shadowed requests in the last {window} "
+                "(CANARY_SHADOW_SHARE)"]
+    lines = [f"online agreement (shadow, last {window}):"]
+    if stats.pairs:
+        lines.append(f"  top-1     {_pct2(stats.agreement)} (95% lower bound "
+                     f"{_pct2(stats.lower_bound)}, n={stats.pairs:,} pairs, "
+                     f"{stats.pairs - stats.agreed:,} flipped)")
+    if stats.cosine_n:
+        lines.append(f"  cosine    mean {stats.cosine_mean:.6f}, p1 >= {stats.cosine_p1:.6f}, "
+                     f"min >= {stats.cosine_min:.6f} (n={stats.cosine_n:,})")
+    lines.append(f"  shadow    {stats.calls:,} calls compared, {load}")
+    if stats.pairs:
+        rows = [(label, f"{pairs:,}", f"{pairs - agreed:,}", _pct2(agreed / pairs))
+                for label, (agreed, pairs) in stats.by_margin.items() if pairs]
+        lines += ["  " + line for line in table(("MARGIN", "PAIRS", "FLIPS", "AGREEMENT"), rows)]
+    return lines
+
+
+def _pct2(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.2f}%"
 
 
 def trace_rows(summaries: Sequence[TraceSummary]) -> list[str]:

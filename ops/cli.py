@@ -34,7 +34,7 @@ from typing import IO
 from ops import _cli_ramp
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
 from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
-from ops._cli_telemetry import arm_rows, trace_rows, waterfall
+from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
 from rollout import (
     Clock,
     InvalidChange,
@@ -120,7 +120,7 @@ def _status(ctx: _Context) -> int:
         ctx.say(json.dumps(status.as_json()))
         return 0
     state, traffic, problem = status.state, status.traffic, status.traffic_error
-    now = status.now
+    shadow, now = status.shadow, status.now
     rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, now)
     rows += gateway_rows(state, status.gateways, now, DEPLOYMENT_TTL_S)
     width = max(len(label) for label, _ in rows)
@@ -136,6 +136,10 @@ def _status(ctx: _Context) -> int:
     else:
         ctx.say(f"traffic over the last {ctx.args.window}s:")
         for line in arm_rows(traffic):
+            ctx.say(line)
+    if shadow is not None:
+        ctx.say("")
+        for line in shadow_lines(shadow):
             ctx.say(line)
     return 0
 

@@ -15,6 +15,7 @@ from rollout.errors import (
 )
 from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
 from rollout.settings import Settings
+from rollout.shadow import ShadowStats
 from rollout.sink import TelemetrySink
 from rollout.state import (
     BUCKETS,
@@ -35,8 +36,9 @@ __all__ = [
     "DeploymentReport", "FakeClock", "InvalidChange", "LeaseLost", "MemoryStateStore",
     "MemoryTelemetry", "PermissionDenied", "RampNotAllowed", "Reason", "RequestRecord",
     "RevisionConflict", "RevisionNotFound",
-    "Rollout", "RolloutError", "RolloutState", "Settings", "StateStore", "StateView",
-    "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock", "TelemetrySink",
+    "Rollout", "RolloutError", "RolloutState", "Settings", "ShadowStats", "StateStore",
+    "StateView", "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock",
+    "TelemetrySink",
     "Thresholds", "TraceSummary", "Traces", "Verdict", "Windows", "bucket_of", "decide",
     "effective_bp", "format_bp", "judge", "open_store", "open_telemetry", "parse_percent",
 ]

@@ -1,9 +1,10 @@
 """The embedded telemetry store in Redis: the sink's writer, and the readers' source.
 
 Writes (from the sink's thread, one pipeline per batch): per-arm window increments
-(rollout.windows) and span records (rollout.traces). Every key it writes expires, the trace
-index is trimmed to the newest `max_traces` and each trace to `MAX_SPANS` spans, so the
-telemetry in Redis stays bounded whatever the traffic.
+(rollout.windows), shadow agreement increments (rollout.shadow) and span records
+(rollout.traces). Every key it writes expires, the trace index is trimmed to the newest
+`max_traces` and each trace to `MAX_SPANS` spans, so the telemetry in Redis stays bounded
+whatever the traffic.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import redis
 
 from rollout.errors import StoreUnavailable
 from rollout.redis_store import _UNAVAILABLE, _unavailable
+from rollout.shadow import ShadowItem, merge_shadow
 from rollout.traces import SpanRecord, index_key, request_key, trace_key
 from rollout.windows import RequestRecord, merge_fields
 
@@ -50,16 +52,20 @@ class RedisTelemetry:
     # --- writer ---------------------------------------------------------------------------
 
     def write(self, items: Sequence[object]) -> None:
-        """Write a batch of WindowItem and span items (span records, or objects with a
-        `span_record()` method that returns one). Raises StoreUnavailable when Redis fails."""
-        windows, spans = [], []
+        """Write a batch of WindowItem, ShadowItem and span items (span records, or objects with
+        a `span_record()` method that returns one). Raises StoreUnavailable when Redis fails."""
+        windows, shadows, spans = [], [], []
         for item in items:
             if isinstance(item, WindowItem):
                 windows.append((item.ts, item.record))
+            elif isinstance(item, ShadowItem):
+                shadows.append(item)
             else:
                 spans.append(item if isinstance(item, Mapping) else item.span_record())
         pipe = self._client.pipeline(transaction=False)
-        for key, fields in merge_fields(windows, self.app).items():
+        counters = merge_fields(windows, self.app)
+        counters.update(merge_shadow(shadows, self.app))
+        for key, fields in counters.items():
             for name, amount in fields.items():
                 pipe.hincrbyfloat(key, name, amount)
             pipe.expire(key, self.window_ttl_s)

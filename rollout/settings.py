@@ -113,6 +113,23 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of the deadline the canary gets before the fallback"
     )
 
+    # --- online agreement (shadow comparison, serve.shadow) ---------------------------------
+    shadow_share: float = Field(
+        0.05, ge=0, le=1,
+        description="share of answered requests also sent to the other arm off the response path",
+    )
+    shadow_max_concurrency: int = Field(
+        4, ge=1, le=10_000, description="shadow calls in flight per gateway replica; shed above"
+    )
+    shadow_shed_in_flight: int = Field(
+        32, ge=0, le=100_000, description="no shadow while the gateway serves more requests"
+    )
+    shadow_shed_queue: int = Field(
+        8, ge=0, le=1_000_000,
+        description="no shadow when the answering replica reported a longer queue",
+    )
+    shadow_timeout_s: float = Field(5.0, gt=0, le=600, description="deadline of a shadow call")
+
     # --- Serve resources ---------------------------------------------------------------------
     gateway_num_cpus: float = Field(0.25, ge=0, le=64)
     model_num_cpus: float = Field(0.5, ge=0, le=64)

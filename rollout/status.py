@@ -3,18 +3,18 @@
 A status is the stored state, what every gateway reported it serves (with whether the report is
 recent and whether it serves the optimized version the share is bound to), and, with a
 telemetry source, each arm's window over the last `window_s` seconds and the online agreement
-of shadow comparisons where the windows measure it. Reading telemetry never fails a status:
+of shadow comparisons (over `agreement_s`). Reading telemetry never fails a status:
 an unreachable telemetry store is reported as `traffic.error`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from rollout.clock import Clock, SystemClock
 from rollout.control import DEPLOYMENT_TTL_S
 from rollout.errors import StoreUnavailable
+from rollout.shadow import ShadowStats
 from rollout.state import DeploymentReport, RolloutState
 from rollout.store import StateStore
 from rollout.windows import ArmStats, HashSource, Windows
@@ -28,7 +28,7 @@ class Status:
     window_s: int
     traffic: dict[str, ArmStats] | None = None  # None: no telemetry source, or unreachable
     traffic_error: str | None = None
-    shadow: object | None = None  # online agreement (ShadowStats), where the windows measure it
+    shadow: ShadowStats | None = None  # online agreement of shadow comparisons
     telemetry: bool = False  # whether a telemetry source was read
 
     def silent(self, report: DeploymentReport) -> bool:
@@ -58,15 +58,9 @@ class Status:
             doc["traffic"] = {
                 "window_s": self.window_s, "error": self.traffic_error,
                 "arms": {arm: s.as_dict() for arm, s in arms.items()} if arms else None,
-                "shadow": _as_dict(self.shadow) if self.shadow is not None else None,
+                "shadow": self.shadow.as_dict() if self.shadow is not None else None,
             }
         return doc
-
-
-def _as_dict(stats) -> dict:
-    if hasattr(stats, "as_dict"):
-        return stats.as_dict()
-    return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
 
 
 def read_status(
@@ -84,9 +78,7 @@ def read_status(
     traffic = shadow = problem = None
     try:
         traffic = windows.arms(window_s)
-        # online agreement (shadow comparisons), where this build's windows measure it
-        if hasattr(windows, "shadow"):
-            shadow = windows.shadow(agreement_s or window_s)
+        shadow = windows.shadow(agreement_s or window_s)
     except StoreUnavailable as exc:
         problem = str(exc)
     return Status(state, reports, now, window_s, traffic, problem, shadow, telemetry=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollout.clock import Clock, SystemClock
+from rollout.shadow import ShadowStats, aggregate_shadow, shadow_key
 
 OUTCOMES = ("ok", "error", "timeout", "overloaded")  # of one model call
 STAGES = ("preprocess", "queue", "forward", "postprocess")  # inside a model replica
@@ -271,3 +272,10 @@ class Windows:
 
         return read_series(self.source, self.app, self.ARMS, self.clock.time(), last_s, step_s,
                            cache)
+
+    def shadow(self, last_s: int = 60) -> ShadowStats:
+        """Online agreement of shadowed requests over the last `last_s` seconds
+        (rollout.shadow), e.g. `windows.shadow(300).lower_bound`."""
+        now = int(self.clock.time())
+        keys = [shadow_key(self.app, second) for second in range(now - last_s + 1, now + 1)]
+        return aggregate_shadow(self.source.hashes(keys), float(last_s))

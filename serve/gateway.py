@@ -5,6 +5,8 @@ state (never a Redis call on this path) -> call that arm's model deployment with
 deadline -> if the *optimized* arm fails or times out, retry once on baseline within what is left
 of the deadline (`fallback: true`); a baseline failure is never retried onto the canary ->
 respond with `X-Request-ID`, `X-Canary-Arm` (the arm that answered) and `Server-Timing`.
+For a share of answered requests the other arm is then also asked, off the response path, and
+the two answers compared (serve.shadow).
 
 Telemetry (serve.observe) follows the request: a span per step in one trace that the model
 replica joins, per-arm metrics (also on `GET /metrics` for Prometheus), a Redis window record and
@@ -56,6 +58,7 @@ from serve.errors import (
 from serve.idempotent import REPLAYED, Idempotency
 from serve.observe import Observation, Observer
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
+from serve.shadow import Shadow
 from serve.telemetry import Telemetry
 
 log = logging.getLogger("canary.gateway")
@@ -120,6 +123,7 @@ class Gateway(DashboardRoutes):
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings)
         self.in_flight = 0
+        self.shadow = Shadow(settings, self._remote, self.telemetry)
         self.retry_budget = RetryBudget(
             ratio=settings.retry_budget_ratio, min_per_s=settings.retry_budget_min_per_s
         )
@@ -146,6 +150,9 @@ class Gateway(DashboardRoutes):
         )
 
     def __del__(self):
+        shadow = getattr(self, "shadow", None)
+        if shadow is not None:
+            shadow.close()
         watcher = getattr(self, "watcher", None)
         if watcher is not None:
             watcher.stop(timeout=1)
@@ -240,7 +247,21 @@ class Gateway(DashboardRoutes):
             await self.idempotency.finish(
                 idempotency_key, fp, {"status": 200, "body": body, "headers": replay_headers}
             )
+        if self.shadow.enabled and not fallback:
+            self._offer_shadow(obs, result, parsed.inputs, task)
         return JSONResponse(body, headers=headers)
+
+    def _offer_shadow(self, obs: Observation, result: dict, texts: list[str], task: str) -> None:
+        """Maybe compare with the other arm in the background (never awaited here); safety is
+        judged on the state as it is now, not as it was when the request was routed. A bug
+        here is logged; the answered request is not affected."""
+        try:
+            view = self.watcher.view()
+            _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
+            self.shadow.offer(answered=Arm(result["arm"]), result=result, texts=texts, task=task,
+                              in_flight=self.in_flight, override=override, parent=obs.context)
+        except Exception:
+            log.exception("starting a shadow comparison failed (the response is not affected)")
 
     async def _read_body(self, request: Request) -> bytes:
         limit = max_body_bytes(self.settings)

@@ -230,6 +230,7 @@ class _NullObservation:
     """What the gateway observes with telemetry off: nothing."""
 
     trace_id = None
+    context = None
     _call = _NullCall()
 
     def parsed(self, inputs, task) -> None:

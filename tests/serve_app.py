@@ -119,7 +119,10 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         # the ramp controller runs in the app as the `controller` Redis user, evaluating often;
         # dashboard actions use the same control connection, with the operator token
         "control_redis_url": redis.url_for("controller"), "ramp_interval_s": 0.25,
-        "ramp_lease_ttl_s": 2.0, "operator_token": OPERATOR_TOKEN, **overrides,
+        "ramp_lease_ttl_s": 2.0, "operator_token": OPERATOR_TOKEN,
+        # no shadow calls unless a test asks (redeploy(..., shadow_share=1.0)): tests that count
+        # model calls or batch sizes must not see them
+        "shadow_share": 0.0, **overrides,
     })
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

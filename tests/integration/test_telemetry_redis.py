@@ -10,6 +10,7 @@ from opentelemetry.trace import SpanKind
 
 from rollout import Attempt, FakeClock, RequestRecord, Settings, Traces, Windows, open_telemetry
 from rollout.redis_telemetry import RedisTelemetry, WindowItem
+from rollout.shadow import PairOutcome, ShadowItem, shadow_fields, shadow_key
 from rollout.traces import index_key
 from serve.telemetry import Telemetry
 
@@ -71,6 +72,29 @@ def test_windows_written_through_the_sink_read_back_per_arm(redis_url):
         assert stats["optimized"].retry_rate == 1.0
         key = f"rollout:{APP}:telemetry:win:baseline:{int(now)}"
         ttl = store._client.ttl(key)
+        assert 0 < ttl <= 3600
+    finally:
+        store.close()
+
+
+def test_shadow_counters_written_with_windows_read_back_as_online_agreement(redis_url):
+    store = open_telemetry(settings(redis_url))
+    now = time.time()
+    ok = Attempt("baseline", "ok", {"forward": 3.0}, 2, 0, 0.003, 0.001)
+    pairs = [PairOutcome(True, 0.2)] * 7 + [PairOutcome(False, 0.001)]
+    items = [WindowItem(now, RequestRecord("baseline", 200, 12.0, 1, 4, (ok,))),
+             ShadowItem(now, shadow_fields(pairs, calls=2)),
+             ShadowItem(now - 1, shadow_fields([PairOutcome(cosine=0.9999)] * 3, calls=1)),
+             ShadowItem(now, shadow_fields(shed=1))]
+    store.write(items)
+    try:
+        windows = Windows(store, APP, clock=FakeClock(now))
+        stats = windows.shadow(10)
+        assert (stats.pairs, stats.agreed, stats.calls, stats.shed) == (8, 7, 3, 1)
+        assert stats.by_margin["0-0.005"] == (0, 1)
+        assert stats.cosine_n == 3 and stats.cosine_mean == pytest.approx(0.9999)
+        assert windows.arms(10)["baseline"].calls == 1  # shadow counters stay out of the arms
+        ttl = store._client.ttl(shadow_key(APP, int(now)))
         assert 0 < ttl <= 3600
     finally:
         store.close()

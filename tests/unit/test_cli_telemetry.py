@@ -9,6 +9,8 @@ import pytest
 
 from ops import cli
 from rollout import Attempt, FakeClock, MemoryStateStore, MemoryTelemetry, RequestRecord
+from rollout.agreement import wilson_interval
+from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
 from rollout.windows import merge_fields
 
 NOW = 1_700_000_000.0
@@ -160,3 +162,56 @@ def test_the_cli_and_the_rollout_package_import_no_ray_torch_or_http():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def shadowed(memory: MemoryTelemetry) -> MemoryTelemetry:
+    """Online agreement in the window: 40 classify pairs (2 flips at the boundary), 10 embed
+    pairs, 3 shed, 1 failed shadow call."""
+    items = [ShadowItem(NOW - 2, shadow_fields(
+        [PairOutcome(i >= 2, 0.003 if i < 4 else 0.3) for i in range(40)]
+        + [PairOutcome(cosine=0.99995)] * 10, calls=25)),
+        ShadowItem(NOW - 1, shadow_fields(shed=3)), ShadowItem(NOW - 1, shadow_fields(errors=1))]
+    memory.increment(merge_shadow(items, "default"))
+    return memory
+
+
+def test_status_shows_online_agreement_with_its_bound_and_n(telemetry):
+    code, out, _ = run("status", telemetry=shadowed(telemetry))
+    assert code == 0
+    low = wilson_interval(38, 40)[0]
+    assert "online agreement (shadow, last 60s):" in out
+    assert f"top-1     95.00% (95% lower bound {low * 100:.2f}%, n=40 pairs, 2 flipped)" in out
+    assert "cosine    mean 0.999950, p1 >= 0.999900, min >= 0.999900 (n=10)" in out
+    assert "shadow    25 calls compared, shed 3, errors 1" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+            if line.startswith("  0-") or line.startswith("  >=")}
+    assert rows == {"0-0.005": ["4", "2", "50.00%"], ">=0.1": ["36", "0", "100.00%"]}
+
+
+def test_status_json_carries_the_online_agreement(telemetry):
+    code, out, _ = run("status", "--json", telemetry=shadowed(telemetry))
+    shadow = json.loads(out)["traffic"]["shadow"]
+    assert (shadow["pairs"], shadow["agreed"], shadow["shed"], shadow["errors"]) == (40, 38, 3, 1)
+    assert shadow["lower_bound"] == pytest.approx(wilson_interval(38, 40)[0])
+    assert shadow["by_margin"]["0-0.005"] == [2, 4] and shadow["cosine_n"] == 10
+
+
+def test_status_says_when_nothing_was_shadowed(telemetry):
+    code, out, _ = run("status", telemetry=telemetry)
+    assert "online agreement (shadow): no shadowed requests in the last 60s" in out
+    doc = json.loads(run("status", "--json", telemetry=telemetry)[1])
+    assert doc["traffic"]["shadow"]["pairs"] == 0
+    assert doc["traffic"]["shadow"]["agreement"] is None
+
+
+def test_a_shadow_span_after_the_response_does_not_lengthen_the_request():
+    memory = MemoryTelemetry()
+    memory.add_spans([*SPANS, span("shadow", "2" * 16, "a" * 16, 21, 900, **{
+        "canary.arm": "optimized", "canary.shadow.of": "baseline",
+        "canary.shadow.outcome": "ok", "canary.shadow.agreed": True})])
+    code, out, _ = run("traces", "--json", telemetry=memory)
+    [summary] = json.loads(out)
+    assert summary["duration_ms"] == pytest.approx(20.0) and summary["spans"] == 8
+    code, out, _ = run("traces", "--request-id", "req-42", telemetry=memory)
+    shadow = next(line for line in out.splitlines() if "- shadow" in line)
+    assert "shadow_of=baseline" in shadow and "agreed=True" in shadow

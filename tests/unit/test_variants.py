@@ -107,3 +107,17 @@ def test_rows_keep_input_order_whatever_the_batching(encoder_dir):
     together = variant.rows(texts, batch_size=4)
     alone = torch.cat([variant.rows([t]) for t in texts])
     assert torch.allclose(together, alone, atol=1e-5)
+
+
+def test_compiled_recipe_wraps_the_fp32_model_for_inductor(encoder_dir):
+    """Structural only: compiling the tiny model takes 30-130 s on the shared 2-core machine
+    (the inductor C++ build), too slow for a unit test. `rollout verify --recipe compiled` runs
+    it on the regression set (README, recipes table)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    opt = Variant(Settings(model_path=str(encoder_dir), optimized_recipe="compiled"), "optimized")
+    assert opt.recipe == "compiled" and opt.version.startswith("compiled-")
+    assert isinstance(opt.model, OptimizedModule)
+    assert {p.dtype for p in opt.model._orig_mod.parameters()} == {torch.float32}
+    base = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    assert opt.version != base.version

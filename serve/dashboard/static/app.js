@@ -79,15 +79,21 @@ function renderStatus(s) {
 function renderAgreement(a) {
   const body = $("agreement-body");
   body.replaceChildren();
+  const minutes = a ? Math.round(a.seconds / 60) : 0;
+  if (a && !a.pairs && a.cosine_n) {
+    body.textContent = `embeddings: cosine mean ${num(a.cosine_mean, 6)}, p1 ≥ ${num(a.cosine_p1, 6)} ` +
+      `over ${a.cosine_n} inputs, last ${minutes} min (shed ${a.shed}, errors ${a.errors})`;
+    return;
+  }
   if (!a || !a.pairs) {
-    body.textContent = a ? `no shadow comparisons in the last ${Math.round(a.seconds / 60)} min` :
+    body.textContent = a ? `no shadow comparisons in the last ${minutes} min` :
       "not measured by this gateway (no shadow comparisons)";
     return;
   }
   const text = document.createElement("p");
   text.textContent = `${pct(a.agreement)} of ${a.pairs} shadow pairs agree ` +
     `(95 % confidence ${pct(a.lower_bound)}–${pct(a.upper_bound ?? a.agreement)}), ` +
-    `last ${Math.round(a.seconds / 60)} min`;
+    `last ${minutes} min (shed ${a.shed}, errors ${a.errors})`;
   const band = document.createElement("div");
   band.className = "band";
   const range = document.createElement("div");

@@ -1,0 +1,216 @@
+"""Online shadow agreement: how a shadowed request's two answers compare, what that adds to
+the telemetry, and what the last N seconds say.
+
+A *shadowed* request was answered by one arm and, off the response path, also sent to the other
+(serve.shadow). Each of its inputs is a *pair*:
+
+- `classify`: the pair *agrees* when both arms give the same top-1 label; it is filed under the
+  *baseline's* margin (top-1 minus top-2 score) in the buckets of rollout.agreement, so flips at
+  the decision boundary are told apart from flips in the confident bulk, as `rollout verify` does;
+- `embed`: the pair's cosine similarity between the two embeddings.
+
+Layout: one hash per wall-clock second, `rollout:<app>:telemetry:shadow:<second>`, whose fields
+are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge without coordination:
+
+    pairs, agreed                      classify pairs, and those whose top-1 labels match
+    m<i>:pairs, m<i>:agreed            the same per baseline-margin bucket i (MARGIN_EDGES)
+    cos_n, cos_sum                     embed pairs and the sum of their cosines
+    cos:<j>                            embed pairs per cosine bin j (COSINE_GAPS)
+    calls, shed, errors                shadow calls answered; sampled requests not shadowed
+                                       because of load; shadow calls that failed or timed out
+
+Cosine bins are on the gap 1 - cosine: bin j holds gaps in (COSINE_GAPS[j-1], COSINE_GAPS[j]]
+(bin 0: gap <= 1e-6), half a decade wide. The 1st percentile and the minimum are read from the
+histogram as the lower cosine edge of their bin: never above the true value, at most one bin
+below it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from rollout.agreement import MARGIN_EDGES, bucket_label, bucket_of, margins, wilson_interval
+
+COSINE_GAPS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
+
+
+def shadow_key(app: str, second: int) -> str:
+    return f"rollout:{app}:telemetry:shadow:{second}"
+
+
+class ShadowMismatch(ValueError):
+    """The two arms' answers cannot be paired (different lengths, labels or dimensions)."""
+
+
+@dataclass(frozen=True)
+class PairOutcome:
+    """One input answered by both arms."""
+
+    agreed: bool | None = None  # classify: same top-1 label
+    margin: float | None = None  # classify: the baseline's top-1 minus top-2 score
+    cosine: float | None = None  # embed: cosine between the two embeddings
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Cosine similarity; 1.0 for two zero vectors, 0.0 when only one is zero."""
+    if len(a) != len(b):
+        raise ShadowMismatch(f"embeddings of {len(a)} and {len(b)} dimensions")
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return max(-1.0, min(1.0, dot / (na * nb)))
+
+
+def _classified(output: Mapping) -> tuple[str, list[str], list[float]]:
+    try:
+        scores = output["scores"]
+        return output["label"], list(scores), [float(s) for s in scores.values()]
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ShadowMismatch(f"not a classify output: {type(exc).__name__}") from None
+
+
+def compare(
+    task: str, baseline: Sequence[Mapping], optimized: Sequence[Mapping]
+) -> list[PairOutcome]:
+    """Pair each input's two answers (the `outputs` of the two arms, in input order)."""
+    if len(baseline) != len(optimized):
+        raise ShadowMismatch(f"{len(baseline)} baseline and {len(optimized)} optimized outputs")
+    outcomes = []
+    for base, opt in zip(baseline, optimized, strict=True):
+        if task == "embed":
+            try:
+                outcomes.append(PairOutcome(cosine=cosine(base["embedding"], opt["embedding"])))
+            except (KeyError, TypeError) as exc:
+                raise ShadowMismatch(f"not an embed output: {type(exc).__name__}") from None
+            continue
+        base_label, base_names, base_scores = _classified(base)
+        opt_label, opt_names, _ = _classified(opt)
+        if base_names != opt_names:
+            raise ShadowMismatch("the arms answer with different label sets")
+        _, margin = margins(base_scores)
+        outcomes.append(PairOutcome(agreed=base_label == opt_label, margin=margin))
+    return outcomes
+
+
+def cosine_bin(value: float) -> int:
+    gap = 1.0 - value
+    for j, edge in enumerate(COSINE_GAPS):
+        if gap <= edge:
+            return j
+    return len(COSINE_GAPS) - 1
+
+
+def shadow_fields(outcomes: Iterable[PairOutcome] = (), *, calls: int = 0, shed: int = 0,
+                  errors: int = 0) -> dict[str, float]:
+    """The counter increments of one shadowed request (or of one shed or failed attempt)."""
+    fields: dict[str, float] = {}
+
+    def add(name: str, amount: float = 1) -> None:
+        fields[name] = fields.get(name, 0) + amount
+
+    for name, amount in (("calls", calls), ("shed", shed), ("errors", errors)):
+        if amount:
+            add(name, amount)
+    for pair in outcomes:
+        if pair.agreed is not None:
+            bucket = bucket_of(pair.margin if pair.margin is not None else 0.0)
+            add("pairs")
+            add(f"m{bucket}:pairs")
+            if pair.agreed:
+                add("agreed")
+                add(f"m{bucket}:agreed")
+        if pair.cosine is not None:
+            add("cos_n")
+            add("cos_sum", pair.cosine)
+            add(f"cos:{cosine_bin(pair.cosine)}")
+    return fields
+
+
+@dataclass(frozen=True)
+class ShadowItem:
+    """What one shadow attempt adds, stamped with its wall-clock time (for the sink)."""
+
+    ts: float
+    fields: Mapping[str, float]
+
+
+def merge_shadow(items: Iterable[ShadowItem], app: str) -> dict[str, dict[str, float]]:
+    """Many items as one increment per per-second key and field."""
+    merged: dict[str, dict[str, float]] = {}
+    for item in items:
+        target = merged.setdefault(shadow_key(app, int(item.ts)), {})
+        for name, amount in item.fields.items():
+            target[name] = target.get(name, 0) + amount
+    return merged
+
+
+@dataclass(frozen=True)
+class ShadowStats:
+    """Online agreement over the last `seconds` seconds, all gateway replicas together.
+
+    `agreement` and `lower_bound` (95 % Wilson) are over classify pairs, None without any;
+    `by_margin` maps each baseline-margin bucket label to (agreed, pairs); cosine figures are
+    over embed pairs (`cosine_p1` and `cosine_min` are histogram lower edges, see the module)."""
+
+    seconds: float
+    pairs: int
+    agreed: int
+    agreement: float | None
+    lower_bound: float | None
+    upper_bound: float | None
+    by_margin: dict[str, tuple[int, int]]
+    cosine_n: int
+    cosine_mean: float | None
+    cosine_p1: float | None
+    cosine_min: float | None
+    calls: int
+    shed: int
+    errors: int
+
+    def as_dict(self) -> dict:
+        out = dict(self.__dict__)
+        out["by_margin"] = {label: list(cell) for label, cell in self.by_margin.items()}
+        return out
+
+
+def _cosine_low(histogram: Mapping[int, float], rank: float) -> float | None:
+    """Lower cosine edge of the bin holding the `rank`-th lowest cosine."""
+    seen = 0.0
+    for j in sorted(histogram, reverse=True):  # the worst (largest gap) first
+        seen += histogram[j]
+        if histogram[j] > 0 and seen >= rank:
+            return max(-1.0, 1.0 - COSINE_GAPS[min(j, len(COSINE_GAPS) - 1)])
+    return None
+
+
+def aggregate_shadow(hashes: Iterable[Mapping[str, str | float]], seconds: float,
+                     confidence: float = 0.95) -> ShadowStats:
+    """Sum per-second shadow hashes into the statistics over `seconds`."""
+    totals: dict[str, float] = {}
+    for fields in hashes:
+        for name, value in fields.items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+
+    def count(name: str) -> int:
+        return int(round(totals.get(name, 0.0)))
+
+    pairs, agreed = count("pairs"), count("agreed")
+    low = high = None
+    if pairs:
+        low, high = wilson_interval(min(agreed, pairs), pairs, confidence)
+    by_margin = {bucket_label(i): (count(f"m{i}:agreed"), count(f"m{i}:pairs"))
+                 for i in range(len(MARGIN_EDGES))}
+    cos_n = count("cos_n")
+    histogram = {int(k[4:]): v for k, v in totals.items() if k.startswith("cos:")}
+    return ShadowStats(
+        seconds=seconds, pairs=pairs, agreed=agreed,
+        agreement=agreed / pairs if pairs else None, lower_bound=low, upper_bound=high,
+        by_margin=by_margin, cosine_n=cos_n,
+        cosine_mean=totals.get("cos_sum", 0.0) / cos_n if cos_n else None,
+        cosine_p1=_cosine_low(histogram, max(1, math.ceil(0.01 * cos_n))) if cos_n else None,
+        cosine_min=_cosine_low(histogram, 1) if cos_n else None,
+        calls=count("calls"), shed=count("shed"), errors=count("errors"),
+    )

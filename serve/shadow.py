@@ -1,0 +1,190 @@
+"""Shadow comparison at the gateway: for a share of answered requests, also ask the other arm,
+off the response path, and record how the two answers agree (rollout.shadow).
+
+One answered request (not a fallback, not an idempotent replay) goes through:
+
+1. **sampling**: shadowed with probability `shadow_share` (an injectable RNG, so independent of
+   the routing key: every user, canary or not, can be sampled);
+2. **safety** (skipped, not counted): never while the kill switch is on, the cached state is
+   stale, or the share is bound to another optimized version than this gateway serves. A killed
+   canary gets no traffic at all, shadow included;
+3. **shedding** (counted as `shed`): when this gateway replica serves more than
+   `shadow_shed_in_flight` requests, when the answering replica reported more than
+   `shadow_shed_queue` requests queued ahead of this one, or when `shadow_max_concurrency`
+   shadow calls are already in flight (a try-acquire: a shadow call never waits for a slot);
+4. **the shadow call**: a background task calls the other arm with its own deadline
+   (`shadow_timeout_s`), compares the outputs and records them: per-second counters in Redis
+   through the telemetry sink, OpenTelemetry metrics, and a `shadow` span in the request's trace.
+
+Invariants: the response path only samples, checks and creates a task (no await, no I/O), so a
+slow or failing shadowed arm cannot delay or fail a client's response; shadow calls are not
+model calls of the request (they stay out of the per-arm windows and `canary.model.calls`);
+at most `shadow_max_concurrency` of them per replica; `close()` cancels the outstanding ones.
+
+    canary.shadow.calls   counter    arm (shadowed), outcome (ok, error, timeout, overloaded,
+                                     mismatch, shed)
+    canary.shadow.pairs   counter    arm, margin (baseline-margin bucket), agreed (true, false)
+    canary.shadow.cosine  histogram  arm: cosine of embed pairs
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from opentelemetry.metrics import Meter
+from opentelemetry.trace import Status, StatusCode
+
+from rollout.agreement import bucket_label, bucket_of
+from rollout.clock import Clock, SystemClock
+from rollout.policy import Arm, Reason
+from rollout.settings import Settings
+from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
+from serve.errors import ModelTimeout, Overloaded
+from serve.telemetry import Telemetry
+
+log = logging.getLogger("canary.shadow")
+
+# arm, texts, task, timeout (s), trace carrier -> the arm's answer (Gateway._remote)
+ShadowCall = Callable[[Arm, list[str], str, float, dict | None], Awaitable[Mapping]]
+COSINE_BOUNDS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999, 0.999999)
+
+
+class ShadowMetrics:
+    def __init__(self, meter: Meter):
+        self.calls = meter.create_counter(
+            "canary.shadow.calls", "{call}", "shadow calls by shadowed arm and outcome")
+        self.pairs = meter.create_counter(
+            "canary.shadow.pairs", "{pair}",
+            "classify pairs by baseline-margin bucket and agreement")
+        self.cosine = meter.create_histogram(
+            "canary.shadow.cosine", "1", "cosine between the two arms' embeddings",
+            explicit_bucket_boundaries_advisory=COSINE_BOUNDS)
+
+    def record(self, arm: str, outcome: str, pairs: Sequence[PairOutcome]) -> None:
+        self.calls.add(1, {"arm": arm, "outcome": outcome})
+        for pair in pairs:
+            if pair.agreed is not None:
+                margin = bucket_label(bucket_of(pair.margin or 0.0))
+                self.pairs.add(1, {"arm": arm, "margin": margin,
+                                   "agreed": "true" if pair.agreed else "false"})
+            if pair.cosine is not None:
+                self.cosine.record(pair.cosine, {"arm": arm})
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, ModelTimeout):
+        return "timeout"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, ShadowMismatch):
+        return "mismatch"
+    return "error"
+
+
+class Shadow:
+    """The shadow comparisons of one gateway replica (see the module docstring).
+
+    `call` is the gateway's model call; `rng` and `clock` are injectable for tests."""
+
+    def __init__(self, settings: Settings, call: ShadowCall, telemetry: Telemetry, *,
+                 rng: random.Random | None = None, clock: Clock | None = None):
+        self.settings, self.call, self.telemetry = settings, call, telemetry
+        self.rng = rng or random.Random()
+        self.clock = clock or SystemClock()
+        self.enabled = settings.shadow_share > 0 and telemetry.enabled
+        self.metrics = ShadowMetrics(telemetry.meter)
+        self.active = 0
+        self.tasks: set[asyncio.Task] = set()
+
+    def offer(self, *, answered: Arm, result: Mapping, texts: list[str], task: str,
+              in_flight: int, override: Reason | None, parent=None) -> str:
+        """Maybe shadow one answered request; what happened: `off`, `unsampled`, `unsafe`,
+        `shed` or `started`. Never awaits; must be called on the gateway's event loop."""
+        settings = self.settings
+        if not self.enabled:
+            return "off"
+        if self.rng.random() >= settings.shadow_share:
+            return "unsampled"
+        if override is not None:
+            return "unsafe"
+        target = Arm.OPTIMIZED if answered is Arm.BASELINE else Arm.BASELINE
+        if (in_flight > settings.shadow_shed_in_flight
+                or int(result.get("queue", 0)) > settings.shadow_shed_queue
+                or self.active >= settings.shadow_max_concurrency):
+            self._record(target, "shed", shadow_fields(shed=1))
+            return "shed"
+        self.active += 1
+        job = asyncio.get_running_loop().create_task(
+            self._run(target, answered, result, list(texts), task, parent))
+        self.tasks.add(job)
+        job.add_done_callback(self._done)
+        return "started"
+
+    def _done(self, job: asyncio.Task) -> None:
+        self.active -= 1
+        self.tasks.discard(job)
+
+    async def _run(self, target: Arm, answered: Arm, result: Mapping, texts: list[str],
+                   task: str, parent) -> None:
+        span = self.telemetry.tracer.start_span("shadow", context=parent, attributes={
+            "canary.arm": target.value, "canary.shadow.of": answered.value,
+            "canary.items": len(texts)})
+        try:
+            other = await self.call(target, texts, task, self.settings.shadow_timeout_s, None)
+            baseline, optimized = (result, other) if answered is Arm.BASELINE else (other, result)
+            pairs = compare(task, baseline["outputs"], optimized["outputs"])
+        except asyncio.CancelledError:
+            span.set_attribute("canary.shadow.outcome", "cancelled")
+            span.end()
+            raise
+        except Exception as exc:  # the shadowed arm failed: counted, never the client's problem
+            outcome = _outcome(exc)
+            log.warning("shadow call to the %s model: %s: %s", target.value, outcome, exc)
+            span.set_attribute("canary.shadow.outcome", outcome)
+            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"[:200]))
+            span.end()
+            self._record(target, outcome, shadow_fields(errors=1))
+            return
+        agreed = [p.agreed for p in pairs if p.agreed is not None]
+        margins = [p.margin for p in pairs if p.margin is not None]
+        cosines = [p.cosine for p in pairs if p.cosine is not None]
+        span.set_attribute("canary.shadow.outcome", "ok")
+        span.set_attribute("canary.shadow.pairs", len(pairs))
+        if agreed:
+            span.set_attribute("canary.shadow.agreed", all(agreed))
+            span.set_attribute("canary.shadow.agreed_pairs", sum(agreed))
+            span.set_attribute("canary.shadow.margin", round(min(margins), 6))
+        if cosines:
+            span.set_attribute("canary.shadow.cosine", round(min(cosines), 6))
+        span.end()
+        self._record(target, "ok", shadow_fields(pairs, calls=1), pairs)
+
+    def _record(self, target: Arm, outcome: str, fields: Mapping[str, float],
+                pairs: Sequence[PairOutcome] = ()) -> None:
+        """Metrics now, Redis through the sink; a telemetry failure is logged, never raised."""
+        try:
+            self.metrics.record(target.value, outcome, pairs)
+            sink = self.telemetry.sink
+            if sink is not None:
+                sink.offer(ShadowItem(self.clock.time(), dict(fields)))
+        except Exception:
+            log.exception("recording a shadow comparison failed")
+
+    def close(self) -> None:
+        """Cancel the outstanding shadow calls (shutdown); safe from any thread."""
+        for job in list(self.tasks):
+            loop = job.get_loop()
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            try:
+                if running is loop:
+                    job.cancel()
+                else:
+                    loop.call_soon_threadsafe(job.cancel)
+            except RuntimeError:  # the loop is already closed: nothing runs there any more
+                pass
