@@ -1,0 +1,135 @@
+"""What the end-to-end part drives: a gateway given by URL, or a local app this process starts,
+and the arm every request goes to.
+
+Arms are forced through the audited path (actor `bench`): the canary share is set to 0 % for
+`baseline` or 100 % for `optimized` with the kill switch off, the gateway's cached state is
+polled (bounded) until it routes accordingly, and the share and kill switch found at the start
+are restored at the end, whatever happened. One app therefore serves both arms in turn; the
+benchmark also checks every answer's `X-Canary-Arm`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+import httpx
+
+from ops.bench.endtoend import BenchError
+from ops.overhead import _free_port as free_port
+from rollout import BUCKETS, Rollout, RolloutError, Settings, open_store
+
+ACTOR = "bench"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def loopback_url(url: str) -> str:
+    """The URL without a trailing slash; a BenchError unless it is http(s) on loopback."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BenchError(f"bad --url {url!r}: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise BenchError(f"bad --url {url!r}: give http://HOST:PORT")
+    if parsed.host not in LOOPBACK:
+        raise BenchError(f"refusing to load {parsed.host}: loopback only")
+    return url.rstrip("/")
+
+
+@contextlib.contextmanager
+def redis_for(url: str | None) -> Iterator[str]:
+    """`url`, or a throwaway `redis-server` on a free loopback port (no persistence)."""
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise BenchError("no REDIS_URL and no redis-server to start: install it or set one")
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="bench-redis-")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", folder],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_app(settings: Settings) -> Iterator[str]:
+    """The application of `settings` on a local Ray Serve, HTTP on a free loopback port."""
+    import ray
+    from ray import serve
+
+    from serve.config import build
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build(settings), name="bench", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+class ArmSwitch:
+    """Forces every request to one arm through the audited path; `restore()` puts back the share
+    and kill switch found when it was made."""
+
+    def __init__(self, settings: Settings, url: str):
+        self.url = url
+        try:
+            self.control = Rollout(open_store(settings))
+            self.original = self.control.state()
+        except RolloutError as exc:
+            raise BenchError(f"cannot read the rollout state: {exc}") from None
+
+    def force(self, arm: str, timeout: float = 30.0) -> None:
+        want = BUCKETS if arm == "optimized" else 0
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.control.state()
+            if state.canary_bp != want:
+                state = self.control.set_canary(want, actor=ACTOR, reason=f"bench: all {arm}")[1]
+            if state.kill:
+                state = self.control.unkill(actor=ACTOR, reason=f"bench: all {arm}")[1]
+            served = httpx.get(f"{self.url}/v1/rollout", timeout=5).json()
+            if (served["state"]["revision"] >= state.revision and not served["stale"]
+                    and served["effective_percent"] * 100 == want):
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"the gateway never routed all to {arm}: {served['routing']}")
+            time.sleep(0.2)
+
+    def restore(self) -> None:
+        now = self.control.state()
+        if now.canary_bp != self.original.canary_bp:
+            self.control.set_canary(self.original.canary_bp, actor=ACTOR,
+                                    reason="bench over: restore share")
+        if now.kill != self.original.kill:
+            (self.control.kill if self.original.kill else self.control.unkill)(
+                actor=ACTOR, reason="bench over: restore kill switch")
+        self.control.store.close()
+
+
+def process_memory() -> dict[str, float]:
+    """RSS in MiB of this machine's Ray Serve processes, by process title and pid."""
+    from ops.loadtest import rss_mib, serve_processes
+
+    found = {}
+    for pid, name in serve_processes().items():
+        value = rss_mib(pid)
+        if value is not None:
+            found[f"{name}[{pid}]"] = round(value, 1)
+    return found
+
