@@ -69,6 +69,7 @@ class ModelServer:
         self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
         self.waiting = 0  # requests queued for a batch in this replica
+        self._forwarding = 0  # batches in the forward thread
         self._batches = 0
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
@@ -107,20 +108,35 @@ class ModelServer:
             "device": self.variant.device,
             "labels": list(self.variant.labels),
             "tasks": ["classify"] if self.variant.has_head else ["classify", "embed"],
+            "tokenizer": self.variant.tokenizer_digest,
             "max_batch_size": self.max_batch_size,
             "batch_wait_ms": self.batch_wait_ms,
         }
 
-    async def predict(self, texts: list[str], task: str, trace: dict | None = None) -> dict:
-        """`trace`: the caller's W3C trace carrier (`traceparent`), to join its trace."""
+    def _batch_window(self) -> None:
+        """Wait for a batch to fill only when there is something to wait for: a request that
+        finds this replica idle (nothing queued, no forward running) is forwarded at once, as
+        waiting could only add latency; otherwise it waits up to `batch_wait_ms` for others.
+        Under load batches still fill (requests queue behind the running forward)."""
+        idle = self.waiting == 0 and self._forwarding == 0
+        self._batched.set_batch_wait_timeout_s(0.0 if idle else self.batch_wait_ms / 1000)
+
+    async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None
+                      ) -> dict:
+        """`texts`, or their token ids from the gateway (`Encoded`, serve.preprocess).
+        `trace`: the caller's W3C trace carrier (`traceparent`), to join its trace."""
         clock = WallClock() if trace and self.telemetry.enabled else None
         marks = Marks(time.perf_counter())
         queue_length = self.waiting
         forwarded: _Forwarded | None = None
         try:
-            encoded = self.variant.encode(texts)
+            if isinstance(texts, Encoded):  # tokenized by the gateway (serve.preprocess)
+                encoded = texts
+            else:
+                encoded = self.variant.encode(texts)
             marks.queued = time.perf_counter()
             item = _Queued(encoded, marks.queued, self)
+            self._batch_window()
             self.waiting += 1
             try:
                 forwarded = await self._batched(item)
@@ -147,7 +163,8 @@ class ModelServer:
             "batch": {"requests": forwarded.batch_requests, "items": forwarded.batch_items},
             "queue": queue_length,
             "timing": {
-                "preprocess": _ms(marks.queued - marks.start),
+                "preprocess": encoded.preprocess_ms if encoded.preprocess_ms is not None
+                else _ms(marks.queued - marks.start),
                 "queue": forwarded.queue_ms,
                 "model": forwarded.model_ms,
                 "postprocess": _ms(marks.done - marks.post_start),
@@ -158,8 +175,9 @@ class ModelServer:
         batch = None if forwarded is None else {
             "requests": forwarded.batch_requests, "items": forwarded.batch_items,
             "id": forwarded.batch_id}
+        items = len(texts.ids) if isinstance(texts, Encoded) else len(texts)
         attrs = {"canary.arm": self.arm, "canary.model_version": self.variant.version,
-                 "canary.items": len(texts), "canary.task": task}
+                 "canary.items": items, "canary.task": task}
         record_model_spans(self.telemetry.tracer, carrier, clock, marks, attrs,
                            queue_length=queue_length, batch=batch, error=error)
 
@@ -177,10 +195,14 @@ class ModelServer:
         batch = [item.encoded for item in queued]
         loop = asyncio.get_running_loop()
         forward_start = time.perf_counter()
-        rows = await loop.run_in_executor(
-            self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
-            self.max_batch_tokens,
-        )
+        self._forwarding += 1
+        try:
+            rows = await loop.run_in_executor(
+                self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
+                self.max_batch_tokens, self.variant.split_tokens,
+            )
+        finally:
+            self._forwarding -= 1
         forward_end = time.perf_counter()
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)

@@ -70,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 16, 32],
                    help="in-process batch sizes (default 1,8,16,32)")
     p.add_argument("--rounds", type=int, default=3, help="in-process passes per arm and batch")
+    p.add_argument("--threads", type=int, help="torch threads of the in-process part (default: "
+                   "those of one model replica, CANARY_TORCH_THREADS or cores / 2, so both "
+                   "sides run the same forward)")
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 32, 64],
                    help="gateway concurrency levels (default 1,8,32,64)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
@@ -84,13 +87,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gateway", action="store_true", help="skip the end-to-end part")
     p.add_argument("--out", default="bench-results", help="folder for bench.json/.md/.png")
     p.add_argument("--no-chart", action="store_true", help="no PNG (matplotlib not needed)")
+    p.add_argument("--render", metavar="JSON", help="measure nothing: write bench.md and "
+                   "bench.png into --out from an earlier bench.json (e.g. one from the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
 
 def _checked(args, p: argparse.ArgumentParser) -> None:
-    if args.inputs < 1 or args.rounds < 1 or args.inputs_per_request < 1:
-        p.error("--inputs, --rounds and --inputs-per-request must be >= 1")
+    if args.inputs < 1 or args.rounds < 1 or args.inputs_per_request < 1 or (
+            args.threads is not None and args.threads < 1):
+        p.error("--inputs, --rounds, --threads and --inputs-per-request must be >= 1")
     if args.seconds <= 0 or args.warmup < 0 or args.timeout <= 0:
         p.error("--seconds and --timeout must be positive, --warmup not negative")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -161,11 +167,13 @@ def run(args, say) -> dict:
         "model": settings.model_path or "all-MiniLM-L6-v2 (packaged)",
         "inputs": len(texts), "inputs_per_request": args.inputs_per_request, "task": args.task,
         "max_batch_size": settings.max_batch_size, "batch_wait_ms": settings.batch_wait_ms,
-        "replica_threads": settings.threads_per_model(), "inprocess_threads":
-        torch.get_num_threads(), "mode": "url" if url else "local app",
+        "replica_threads": settings.threads_per_model(), "inprocess_threads": None,
+        "mode": "url" if url else "local app",
         "settings": dict(args.settings), "seconds": args.seconds,
     }, "memory": {}}
     if not args.no_inprocess:
+        torch.set_num_threads(args.threads or settings.threads_per_model())
+        result["meta"]["inprocess_threads"] = torch.get_num_threads()
         say("loading both variants in process")
         variants = {arm: Variant(settings, arm) for arm in args.arms}
         result["meta"]["recipes"] = {arm: v.recipe for arm, v in variants.items()}
@@ -189,10 +197,10 @@ def _gateway(args, settings, url, texts, say):
         local = settings.model_copy(update={"redis_url": redis_url})
         say("starting the local app (Ray Serve)")
         with target.local_app(local) as local_url:
-            return _levels(args, local, local_url, texts, say)
+            return _levels(args, local, local_url, texts, say, app=target.APP)
 
 
-def _levels(args, settings, url, texts, say):
+def _levels(args, settings, url, texts, say, app=None):
     switch = target.ArmSwitch(settings, url)
     found: dict[str, list[dict]] = {}
     memory: dict[str, float] = {}
@@ -208,11 +216,22 @@ def _levels(args, settings, url, texts, say):
                 say(f"gateway {arm} c={c}: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, "
                     f"p99 {level['p99_ms']} ms, answered by {level['arms']}, "
                     f"failed {level['failed']}")
-            for name, mib in target.process_memory().items():
+            for name, mib in target.process_memory(app).items():
                 memory[name] = max(mib, memory.get(name, 0.0))
     finally:
         switch.restore()
     return found, memory
+
+
+def _load(path: str) -> dict:
+    import json
+
+    try:
+        result = json.loads(Path(path).read_text())
+        result["summary"] = report.derive(result)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"cannot render {path}: {type(exc).__name__}: {exc}") from None
+    return result
 
 
 def _rss_mib() -> float:
@@ -231,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: {line}", file=sys.stderr, flush=True)
 
     try:
-        result = run(args, say)
+        result = _load(args.render) if args.render else run(args, say)
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report.write_json(result, out / "bench.json")
+    if not args.render:
+        report.write_json(result, out / "bench.json")
     table = report.markdown(result)
     (out / "bench.md").write_text(table)
     if not args.no_chart and result.get("gateway"):

@@ -103,7 +103,9 @@ def markdown(result: dict) -> str:
     meta, summary = result["meta"], result["summary"]
     out = [f"Run {meta['date']} on {meta['hardware']}; model `{meta['model']}`, "
            f"{meta['inputs_per_request']} input(s) per request, max_batch_size "
-           f"{meta['max_batch_size']}, batch_wait_ms {meta['batch_wait_ms']}.", ""]
+           f"{meta['max_batch_size']}, batch_wait_ms {meta['batch_wait_ms']}, torch threads "
+           f"{meta['replica_threads']} per model replica and {meta['inprocess_threads']} in "
+           f"process; settings {meta['settings'] or 'default'}.", ""]
     if result.get("inprocess"):
         out += ["In process (tokenize + forward + postprocess, no server):", "",
                 "| arm | recipe | batch | inputs/s | p50 ms / batch | tokenize ms | forward ms "

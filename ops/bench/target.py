@@ -24,6 +24,7 @@ from ops.overhead import _free_port as free_port
 from rollout import BUCKETS, Rollout, RolloutError, Settings, open_store
 
 ACTOR = "bench"
+APP = "bench"  # the local app's Serve application name
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -74,7 +75,7 @@ def local_app(settings: Settings) -> Iterator[str]:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build(settings), name="bench", route_prefix="/")
+        serve.run(build(settings), name=APP, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(Exception):
@@ -122,12 +123,17 @@ class ArmSwitch:
         self.control.store.close()
 
 
-def process_memory() -> dict[str, float]:
-    """RSS in MiB of this machine's Ray Serve processes, by process title and pid."""
+def process_memory(app: str | None) -> dict[str, float]:
+    """RSS in MiB of the Serve replicas of application `app` (any application's replicas when
+    None) on this machine, by process title and pid. Proxy and controller processes are left
+    out: on a shared machine they cannot be told apart from other clusters'."""
     from ops.loadtest import rss_mib, serve_processes
 
+    prefix = f"ray::ServeReplica:{app}:" if app else "ray::ServeReplica:"
     found = {}
     for pid, name in serve_processes().items():
+        if not name.startswith(prefix):
+            continue
         value = rss_mib(pid)
         if value is not None:
             found[f"{name}[{pid}]"] = round(value, 1)

@@ -116,3 +116,12 @@ def test_bad_options_exit_2(argv):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
+
+
+def test_render_rewrites_the_reports_from_json(inprocess, tmp_path, capsys):
+    assert bench.main(["--render", str(inprocess / "bench.json"), "--out", str(tmp_path),
+                       "--quiet"]) == 0
+    assert (tmp_path / "bench.md").read_text() == (inprocess / "bench.md").read_text()
+    (tmp_path / "broken.json").write_text("{not json")
+    assert bench.main(["--render", str(tmp_path / "broken.json"), "--quiet"]) == 2
+    assert "cannot render" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""Tokenization in the gateway replicas, off their event loop.
+
+A model replica's event loop merges requests into batches and its forward thread computes;
+tokenizing there puts every request's preprocessing on the one loop that also feeds the
+forward, and scales only with model replicas. Here the gateway tokenizes instead: each gateway
+replica encodes a request's texts in its own small thread pool (`gateway_tokenize_threads`;
+the Rust tokenizer releases the GIL for a batch, so encodes of concurrent requests run in
+parallel and the gateway's event loop keeps serving), and sends the token ids (`Encoded`, with
+the time it took) to the model, which then skips its own tokenizer. Tokenization so scales
+with gateway replicas and their CPUs, independently of model replicas.
+
+Invariant: the ids are exactly what the model replica would have produced. The gateway loads
+the tokenizer of the same model source and compares its digest (tokenizer definition and
+truncation length, serve.variants.load_tokenizer) with the digest both arms report in `info()`;
+when they differ, or with `gateway_tokenize_threads = 0`, or if encoding fails, the texts go to
+the model as before. The model accepts either form (`ModelServer.predict`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from rollout.settings import Settings
+from serve.variants import Encoded, encode_ids, load_tokenizer
+
+log = logging.getLogger("canary.gateway")
+
+
+class Preprocessor:
+    """`encode(texts)`: the texts as `Encoded` token ids, or unchanged when disabled."""
+
+    def __init__(self, settings: Settings, model_infos: list[dict]):
+        self.enabled = False
+        self._pool: ThreadPoolExecutor | None = None
+        threads = settings.gateway_tokenize_threads
+        if threads == 0:
+            return
+        self.tokenizer, self.max_tokens, digest = load_tokenizer(settings)
+        reported = {info.get("tokenizer") for info in model_infos}
+        if reported != {digest}:
+            log.warning("the models tokenize differently from this gateway (%s vs %s): "
+                        "sending texts", sorted(map(str, reported)), digest)
+            return
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
+        self.enabled = True
+
+    async def encode(self, texts: list[str]) -> list[str] | Encoded:
+        if not self.enabled:
+            return texts
+        start = time.perf_counter()
+        try:
+            ids = await asyncio.get_running_loop().run_in_executor(
+                self._pool, encode_ids, self.tokenizer, texts, self.max_tokens)
+        except Exception as exc:  # the model replica tokenizes instead
+            log.warning("gateway tokenization failed (%s): sending texts", type(exc).__name__)
+            return texts
+        return Encoded(ids, preprocess_ms=round((time.perf_counter() - start) * 1000, 3))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
