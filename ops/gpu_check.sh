@@ -53,6 +53,8 @@ esac
 
 mkdir -p "$out"
 : >"$out/steps.txt"
+model=$(mktemp -d /tmp/gpu-model.XXXXXX)  # not under $out: ~90 MB of weights need not come back
+trap 'rm -rf "$model"' EXIT
 if [ "$mode" = run ]; then
   nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || { echo "gpu_check: no GPU here" >&2; exit 2; }
   if ! "$python" -c "import ray, fastapi, pydantic_settings, httpx, redis" 2>/dev/null; then
@@ -73,7 +75,7 @@ else
 fi
 
 # 2. the model: the carried config and tokenizer, random weights (fp32 safetensors)
-"$python" - "$model_src" /tmp/gpu-model "$layers" <<'PY' || { echo "gpu_check: model build failed" >&2; exit 2; }
+"$python" - "$model_src" "$model" "$layers" <<'PY' || { echo "gpu_check: model build failed" >&2; exit 2; }
 import shutil, sys
 from pathlib import Path
 import torch
@@ -90,7 +92,7 @@ PY
 
 fp16=fp16
 [ "$device" = cpu ] && fp16=bf16  # dry-run: the CPU's half precision
-bench=("$python" -m ops.bench --model-path /tmp/gpu-model --no-chart --quiet
+bench=("$python" -m ops.bench --model-path "$model" --no-chart --quiet
        --set "device=$device" --set "optimized_recipe=$fp16")
 # 3. fp32 vs fp16 in process at large batches
 step inprocess-fp16 90 "${bench[@]}" --no-gateway --batch-sizes "$big" --inputs "$inputs" \
@@ -104,7 +106,7 @@ step gateway 200 "${bench[@]}" --batch-sizes "$gateway_batches" --inputs "$input
 [ "$mode" = run ] && "$python" -m ray.scripts.scripts stop --force >/dev/null 2>&1
 # 5. CUDA graphs for small batches (needs CUDA: skipped in a dry run)
 if [ "$device" = cuda ]; then
-  step inprocess-graphs 120 "$python" -m ops.bench --model-path /tmp/gpu-model --no-chart \
+  step inprocess-graphs 120 "$python" -m ops.bench --model-path "$model" --no-chart \
     --quiet --set device=cuda --set optimized_recipe=fp16-graphs --no-gateway \
     --batch-sizes 1,8,16 --inputs 256 --rounds 3 --out "$out/inprocess-graphs"
 fi

@@ -70,6 +70,8 @@ class ModelServer:
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
         self.waiting = 0  # requests queued for a batch in this replica
         self._forwarding = 0  # batches in the forward thread
+        self._forward_started = 0.0  # perf_counter when the running batch started
+        self._last_forward_s = 0.0  # how long the last batch took
         self._batches = 0
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
@@ -114,12 +116,25 @@ class ModelServer:
         }
 
     def _batch_window(self) -> None:
-        """Wait for a batch to fill only when there is something to wait for: a request that
-        finds this replica idle (nothing queued, no forward running) is forwarded at once, as
-        waiting could only add latency; otherwise it waits up to `batch_wait_ms` for others.
-        Under load batches still fill (requests queue behind the running forward)."""
-        idle = self.waiting == 0 and self._forwarding == 0
-        self._batched.set_batch_wait_timeout_s(0.0 if idle else self.batch_wait_ms / 1000)
+        """How long the batch this request may start waits to fill (Serve's `@serve.batch`
+        closes a batch after its first request waited that long, or when it is full).
+
+        - Idle replica (nothing queued, no forward running): 0 — forward at once, as waiting
+          could only add latency.
+        - A forward running: what is probably left of it (the last forward's duration minus
+          the time this one has run), at least `batch_wait_ms` — one forward runs at a time,
+          so the batch could not start earlier anyway, and closing it at the end of the
+          forward lets every request that arrives meanwhile ride in it (batches grow with
+          load instead of being cut every `batch_wait_ms` and queueing behind each other).
+        - Otherwise (requests queued, none forwarding): `batch_wait_ms`.
+        """
+        wait = self.batch_wait_ms / 1000
+        if self._forwarding:
+            left = self._last_forward_s - (time.perf_counter() - self._forward_started)
+            wait = max(wait, left)
+        elif self.waiting == 0:
+            wait = 0.0
+        self._batched.set_batch_wait_timeout_s(wait)
 
     async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None
                       ) -> dict:
@@ -196,6 +211,7 @@ class ModelServer:
         loop = asyncio.get_running_loop()
         forward_start = time.perf_counter()
         self._forwarding += 1
+        self._forward_started = forward_start
         try:
             rows = await loop.run_in_executor(
                 self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
@@ -204,6 +220,7 @@ class ModelServer:
         finally:
             self._forwarding -= 1
         forward_end = time.perf_counter()
+        self._last_forward_s = forward_end - forward_start
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
         return [

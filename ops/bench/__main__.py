@@ -25,6 +25,7 @@ import gc
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 from ops.bench import endtoend, pipeline, report, target
@@ -209,9 +210,16 @@ def _levels(args, settings, url, texts, say, app=None):
             switch.force(arm)
             found[arm] = []
             for c in args.concurrency:
+                used, began = target.replica_cpu_s(app), time.monotonic()
                 level = endtoend.load(url, texts, c, seconds=args.seconds, warmup=args.warmup,
                                       per_request=args.inputs_per_request, task=args.task,
                                       timeout=args.timeout)
+                spent, elapsed = target.replica_cpu_s(app), time.monotonic() - began
+                # CPU per second of load (warm-up included) / requests per second measured
+                level["cpu_ms_per_request"] = {
+                    name: round((spent[name] - used.get(name, 0.0)) / elapsed * 1000
+                                / level["rps"], 3)
+                    for name in spent if level["rps"]}
                 found[arm].append(level)
                 say(f"gateway {arm} c={c}: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, "
                     f"p99 {level['p99_ms']} ms, answered by {level['arms']}, "

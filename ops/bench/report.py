@@ -12,7 +12,8 @@ Derived figures (per arm unless said otherwise):
   `model / mean batch` (a forward is shared by its batch), `postprocess`, `gateway` (routing and
   transport between replicas), `http` (proxy, HTTP, client); the largest one is named. Queue
   wait is reported but is a symptom, not a stage that does work;
-- *speedup* (optimized / baseline): in process per batch size, at saturation, and at the same
+- *speedup* (optimized / baseline): in process per batch size (the whole pipeline, and the
+  forward alone: on a GPU the tokenizer dominates the pipeline), at saturation, and at the same
   p99 bound (the best throughput of each arm over the levels whose p99 is within the bound;
   the bound defaults to the baseline's p99 at its saturation).
 """
@@ -72,14 +73,17 @@ def derive(result: dict, *, p99_bound_ms: float | None = None) -> dict:
             "added_latency_ms": (c1["p50_ms"] - one["p50_ms"]) if c1 and one else None,
             "bottleneck": bottleneck(sat) if sat else None,
         }
-    by_batch = {}
+    by_batch, forward = {}, {}
     for r in inproc:
         if r["arm"] == "optimized":
             base = next((b for b in inproc if b["arm"] == "baseline" and b["batch"] == r["batch"]),
                         None)
             if base:
                 by_batch[str(r["batch"])] = r["throughput"] / base["throughput"]
+                forward[str(r["batch"])] = _ratio(base["stages_ms"]["model"],
+                                                  r["stages_ms"]["model"])
     summary["speedup"]["inprocess"] = by_batch
+    summary["speedup"]["forward"] = forward  # the forward alone: no tokenizer, no postprocess
     sat = {arm: summary["arms"][arm]["saturation"] for arm in ARMS}
     if sat["baseline"] and sat["optimized"]:
         summary["speedup"]["saturation"] = (sat["optimized"]["inputs_per_s"]
@@ -144,11 +148,23 @@ def markdown(result: dict) -> str:
                        f"each request)" if neck and neck["stage"] else "–") + " |")
     speed = summary["speedup"]
     out += ["", "Optimized / baseline: in process "
-            + ", ".join(f"batch {b}: {_f(v, 2)}×" for b, v in speed["inprocess"].items())]
+            + ", ".join(f"batch {b}: {_f(v, 2)}×" for b, v in speed["inprocess"].items())
+            + " (forward alone: "
+            + ", ".join(f"{_f(v, 2)}×" for v in speed.get("forward", {}).values()) + ")"]
     if "saturation" in speed:
         bound = speed["at_p99_bound"]
         out[-1] += (f"; end to end at saturation {_f(speed['saturation'], 2)}×, at p99 ≤ "
                     f"{_f(bound['bound_ms'])} ms {_f(bound['ratio'], 2)}×.")
+    cpu = [(arm, lv) for arm, levels in (result.get("gateway") or {}).items() for lv in levels
+           if lv.get("cpu_ms_per_request")]
+    if cpu:
+        names = sorted({n for _, lv in cpu for n in lv["cpu_ms_per_request"]})
+        out += ["", "Replica CPU per answered request (ms; from /proc, local app only; the "
+                "proxy is not included):", "", "| arm | conc. | " + " | ".join(names) + " |",
+                "| --- " * (len(names) + 2) + "|"]
+        out += [f"| {arm} | {lv['concurrency']} | "
+                + " | ".join(_f(lv["cpu_ms_per_request"].get(n), 2) for n in names) + " |"
+                for arm, lv in cpu]
     mem = result.get("memory", {})
     if mem:
         out += ["", "Memory: bench process (in-process models) "

@@ -139,3 +139,20 @@ def process_memory(app: str | None) -> dict[str, float]:
             found[f"{name}[{pid}]"] = round(value, 1)
     return found
 
+
+
+def replica_cpu_s(app: str | None) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each deployment's replicas of application
+    `app` on this machine, by deployment name: what a request costs, measured in a way other
+    load on a shared machine barely disturbs. Empty without `app` (a gateway given by URL)."""
+    from ops.loadtest import serve_processes
+    from ops.overhead import cpu_seconds
+
+    if not app:
+        return {}
+    prefix = f"ray::ServeReplica:{app}:"
+    found: dict[str, list[int]] = {}
+    for pid, name in serve_processes().items():
+        if name.startswith(prefix):
+            found.setdefault(name[len(prefix):].split(".")[0], []).append(pid)
+    return {deployment: cpu_seconds(pids) for deployment, pids in found.items()}

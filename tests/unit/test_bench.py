@@ -40,6 +40,9 @@ def test_inprocess_json_has_every_arm_and_batch(inprocess):
     speed = result["summary"]["speedup"]["inprocess"]
     by = {(r["arm"], r["batch"]): r["throughput"] for r in rows}
     assert speed["4"] == pytest.approx(by[("optimized", 4)] / by[("baseline", 4)])
+    forward = {(r["arm"], r["batch"]): r["stages_ms"]["model"] for r in rows}
+    assert result["summary"]["speedup"]["forward"]["4"] == pytest.approx(
+        forward[("baseline", 4)] / forward[("optimized", 4)])
     assert "gateway" not in result and result["summary"]["arms"]["baseline"]["efficiency"] is None
     assert "| baseline | fp32 | 1 |" in (inprocess / "bench.md").read_text()
     assert not (inprocess / "bench.png").exists()  # no gateway part, no chart

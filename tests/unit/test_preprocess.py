@@ -58,3 +58,26 @@ def test_a_tokenizer_failure_sends_the_texts(encoder_dir):
     pre.tokenizer = broken
     assert asyncio.run(pre.encode(TEXTS)) is TEXTS
     pre.close()
+
+
+def test_large_requests_are_tokenized_in_the_pool_small_ones_inline(encoder_dir):
+    from serve.preprocess import INLINE_CHARS
+
+    settings = Settings(model_path=str(encoder_dir), max_tokens=512)
+    variant = Variant(settings, "baseline")
+    pre = Preprocessor(settings, [_info(variant)])
+    threads = []
+    real = pre.tokenizer
+
+    def spy(*args, **kwargs):
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    pre.tokenizer = spy
+    small, large = ["a short one"], ["word " * (INLINE_CHARS // 5 + 1)]
+    assert asyncio.run(pre.encode(small)).ids == variant.encode(small).ids
+    assert asyncio.run(pre.encode(large)).ids == variant.encode(large).ids
+    assert threads[0] == "MainThread" and threads[1].startswith("tokenize")
+    pre.close()
