@@ -155,9 +155,13 @@ def _hardware() -> str:
 def run(args, say) -> dict:
     import torch
 
-    from serve.variants import Variant
+    from serve.variants import Variant, model_dir
 
     settings = _settings(args)
+    try:
+        model_dir(settings)
+    except (FileNotFoundError, ImportError) as exc:
+        raise BenchError(f"no model: {exc}") from None
     url = target.loopback_url(args.url) if args.url else None
     if url and not args.no_gateway:
         endtoend.check_reachable(url)

@@ -96,6 +96,15 @@ class ArmSwitch:
             raise BenchError(f"cannot read the rollout state: {exc}") from None
 
     def force(self, arm: str, timeout: float = 30.0) -> None:
+        try:
+            self._force(arm, timeout)
+        except RolloutError as exc:
+            raise BenchError(f"cannot route all to {arm}: {exc}") from None
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise BenchError(f"{self.url}/v1/rollout did not answer as a gateway does: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    def _force(self, arm: str, timeout: float) -> None:
         want = BUCKETS if arm == "optimized" else 0
         deadline = time.monotonic() + timeout
         while True:

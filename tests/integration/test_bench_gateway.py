@@ -39,3 +39,17 @@ def test_bench_drives_both_arms_and_restores_the_state(gw, tmp_path):
     store = gw.rollout().store
     assert "bench" in {entry.actor for entry in store.audit(last=6)}  # audited changes
     store.close()
+
+
+def test_an_unreachable_redis_is_a_clear_error_and_changes_nothing(gw, tmp_path, capsys):
+    from tests.servers import free_port
+
+    before = gw.rollout().state()
+    code = bench.main([
+        "--url", gw.url, "--yes", "--redis-url", f"redis://127.0.0.1:{free_port()}/0",
+        "--set", f"app_name={APP}", "--set", "redis_timeout_s=0.5", "--no-inprocess",
+        "--out", str(tmp_path), "--quiet",
+    ])
+    assert code == 2
+    assert "cannot read the rollout state" in capsys.readouterr().err
+    assert gw.rollout().state().revision == before.revision

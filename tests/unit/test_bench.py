@@ -98,6 +98,7 @@ def test_server_timing_parser():
     (["--set", "no_such_setting=1"], "bad setting"),
     (["--set", "max_batch_size=0"], "bad setting"),
     (["--texts", "/no/such/set.jsonl", "--no-gateway"], "cannot read regression set"),
+    (["--model-path", "/no/such/model", "--no-gateway"], "no model"),
 ])
 def test_bad_input_is_a_clear_error(argv, message, capsys):
     assert bench.main([*argv, "--quiet", "--no-chart"]) == 2
