@@ -70,8 +70,9 @@ class ModelServer:
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
         self.waiting = 0  # requests queued for a batch in this replica
         self._forwarding = 0  # batches in the forward thread
-        self._forward_started = 0.0  # perf_counter when the running batch started
-        self._last_forward_s = 0.0  # how long the last batch took
+        self._forward_started = 0.0  # perf_counter when the running forward started
+        self._forward_estimate_s = 0.0  # how long it probably takes
+        self._s_per_token = 0.0  # seconds per token of the last forward
         self._batches = 0
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
@@ -121,17 +122,18 @@ class ModelServer:
 
         - Idle replica (nothing queued, no forward running): 0 — forward at once, as waiting
           could only add latency.
-        - A forward running: what is probably left of it (the last forward's duration minus
-          the time this one has run), at least `batch_wait_ms` — one forward runs at a time,
-          so the batch could not start earlier anyway, and closing it at the end of the
-          forward lets every request that arrives meanwhile ride in it (batches grow with
-          load instead of being cut every `batch_wait_ms` and queueing behind each other).
+        - A forward running: what is probably left of it (its tokens at the last forward's
+          seconds per token, minus the time it has run; at most 1 s), at least
+          `batch_wait_ms` — one forward runs at a time, so the batch could not start earlier
+          anyway, and closing it at the end of the forward lets every request that arrives
+          meanwhile ride in it (batches grow with load instead of being cut every
+          `batch_wait_ms` and queueing behind each other).
         - Otherwise (requests queued, none forwarding): `batch_wait_ms`.
         """
         wait = self.batch_wait_ms / 1000
         if self._forwarding:
-            left = self._last_forward_s - (time.perf_counter() - self._forward_started)
-            wait = max(wait, left)
+            left = self._forward_estimate_s - (time.perf_counter() - self._forward_started)
+            wait = max(wait, min(left, 1.0))
         elif self.waiting == 0:
             wait = 0.0
         self._batched.set_batch_wait_timeout_s(wait)
@@ -210,8 +212,10 @@ class ModelServer:
         batch = [item.encoded for item in queued]
         loop = asyncio.get_running_loop()
         forward_start = time.perf_counter()
+        tokens = max(sum(item.tokens for item in batch), 1)
         self._forwarding += 1
         self._forward_started = forward_start
+        self._forward_estimate_s = self._s_per_token * tokens
         try:
             rows = await loop.run_in_executor(
                 self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
@@ -220,7 +224,7 @@ class ModelServer:
         finally:
             self._forwarding -= 1
         forward_end = time.perf_counter()
-        self._last_forward_s = forward_end - forward_start
+        self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
         return [
