@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     )
     optimized_recipe: Literal[
         "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
-        "bf16", "compiled", "accuracy-aware",
+        "bf16", "compiled", "accuracy-aware", "fp16-graphs",
     ] = Field(
         "auto", description="auto: bf16 on CPUs with native bf16, else int8 dynamic; fp16 on CUDA"
     )
@@ -136,6 +136,10 @@ class Settings(BaseSettings):
     model_num_gpus: float = Field(0.0, ge=0, le=8)
     model_max_ongoing_requests: int = Field(64, ge=1, le=10_000)
     gateway_max_ongoing_requests: int = Field(256, ge=1, le=100_000)
+    gateway_tokenize_threads: int = Field(
+        2, ge=0, le=64,
+        description="threads per gateway replica that tokenize requests; 0: the models do",
+    )
     gateway_max_in_flight: int = Field(
         128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
     )
