@@ -36,7 +36,6 @@ from ops._cli_args import PROG, UsageError, build_parser, default_actor, setting
 from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
 from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
 from rollout import (
-    BUCKETS,
     Clock,
     InvalidChange,
     PermissionDenied,
@@ -46,19 +45,16 @@ from rollout import (
     RolloutError,
     RolloutState,
     Settings,
-    ShadowStats,
     StateStore,
     StoreUnavailable,
     SystemClock,
     Traces,
-    Windows,
     format_bp,
     open_store,
     open_telemetry,
 )
-from rollout.control import DEPLOYMENT_TTL_S
-
-BIG_MOVE_BP = BUCKETS // 2  # a move of 50 points or more needs confirmation
+from rollout.control import DEPLOYMENT_TTL_S, big_move
+from rollout.status import read_status
 
 
 class Aborted(Exception):
@@ -103,7 +99,7 @@ class _Context:
 
     def confirm(self, before: RolloutState, planned: RolloutState, question: str, what: str):
         """Ask before a big move; refuse without a terminal unless --yes."""
-        if self.args.yes or not _big_move(before, planned):
+        if self.args.yes or not big_move(before, planned):
             return
         if not self.interactive:
             raise UsageError(f"{what} needs confirmation: pass --yes to confirm "
@@ -117,45 +113,16 @@ class _Context:
             raise Aborted()
 
 
-def _big_move(before: RolloutState, after: RolloutState) -> bool:
-    """A move of the stored or the effective share by >= 50 points, or to 100 %."""
-    moves = ((before.canary_bp, after.canary_bp), (before.effective_bp, after.effective_bp))
-    for old, new in moves:
-        if old != new and (abs(new - old) >= BIG_MOVE_BP or new == BUCKETS):
-            return True
-    return False
-
-
-def _traffic(ctx: _Context) -> tuple[dict | None, ShadowStats | None, str | None]:
-    """Per-arm window statistics and online agreement, or why there are none; never fails the
-    status command."""
-    try:
-        windows = Windows(ctx.telemetry, ctx.app, clock=ctx.clock)
-        return windows.arms(ctx.args.window), windows.shadow(ctx.args.window), None
-    except StoreUnavailable as exc:
-        return None, None, str(exc)
-
-
 def _status(ctx: _Context) -> int:
-    state = ctx.rollout.state()
-    reports = ctx.rollout.store.deployments()
-    traffic, shadow, problem = (_traffic(ctx) if ctx.telemetry is not None
-                                else (None, None, None))
+    status = read_status(ctx.rollout.store, ctx.telemetry, app=ctx.app, window_s=ctx.args.window,
+                         clock=ctx.clock)
     if ctx.args.json:
-        doc = state.model_dump(mode="json")
-        doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100,
-                   gateways=[r.model_dump(mode="json") for r in reports])
-        if ctx.telemetry is not None:
-            doc["traffic"] = {
-                "window_s": ctx.args.window, "error": problem,
-                "arms": {arm: s.as_dict() for arm, s in traffic.items()} if traffic else None,
-                "shadow": shadow.as_dict() if shadow else None,
-            }
-        ctx.say(json.dumps(doc))
+        ctx.say(json.dumps(status.as_json()))
         return 0
-    now = ctx.clock.time()
+    state, traffic, problem = status.state, status.traffic, status.traffic_error
+    shadow, now = status.shadow, status.now
     rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, now)
-    rows += gateway_rows(state, reports, now, DEPLOYMENT_TTL_S)
+    rows += gateway_rows(state, status.gateways, now, DEPLOYMENT_TTL_S)
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         ctx.say(f"{label:<{width}}  {value}")

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Installs what is missing, and nothing twice: Debian's redis-server, a virtualenv in .venv with
+# Installs what is missing, and nothing twice: Debian's redis-server (and chromium for the
+# tests: `ops/setup.sh --tests`), a virtualenv in .venv with
 # PyTorch 2.13.0 (the CPU build this machine keeps on disk; never a CUDA build) and this project
 # with its test extras. Re-running it is cheap: it reinstalls only when pyproject.toml changed.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "setup: installing redis-server (Debian package)" >&2
+# Debian packages: redis-server, and with `--tests` chromium too (the dashboard's browser tests
+# drive it through Playwright; no browser is ever downloaded).
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null 2>&1; then
+  missing="$missing chromium"
+fi
+if [ -n "$missing" ]; then
+  echo "setup: installing$missing (Debian packages)" >&2
   sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq redis-server >/dev/null
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq $missing >/dev/null
 fi
 
 python=${PYTHON:-python3}

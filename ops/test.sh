@@ -5,7 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash ops/setup.sh
+bash ops/setup.sh --tests
 export PATH="$root/.venv/bin:$PATH"
 if [ $# -eq 0 ]; then set -- tests; fi
 exec python -m pytest "$@"

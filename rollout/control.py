@@ -138,3 +138,16 @@ class Rollout:
             canary_bp=target.canary_bp, kill=target.kill,
         )
         return before, after
+
+
+BIG_MOVE_BP = BUCKETS // 2  # a move of 50 points or more needs confirmation
+
+
+def big_move(before: RolloutState, after: RolloutState) -> bool:
+    """Whether a change needs the operator's confirmation (the CLI's `--yes`, the dashboard's
+    confirm step): it moves the stored or the effective share by >= 50 points, or to 100 %."""
+    moves = ((before.canary_bp, after.canary_bp), (before.effective_bp, after.effective_bp))
+    for old, new in moves:
+        if old != new and (abs(new - old) >= BIG_MOVE_BP or new == BUCKETS):
+            return True
+    return False

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment", "health")
@@ -31,6 +31,10 @@ class Settings(BaseSettings):
         description="Redis URL with write access to the rollout state, used inside the "
         "application by the ramp controller and dashboard actions; None: REDIS_URL",
     )
+    operator_token: SecretStr | None = Field(
+        None, min_length=16, max_length=256,
+        description="bearer token for the dashboard's actions; None: the dashboard is read-only",
+    )
     app_name: str = Field("default", description="namespace of this application's Redis keys")
     redis_timeout_s: float = Field(2.0, gt=0, le=30)
     state_poll_s: float = Field(1.0, gt=0, le=60, description="fallback poll of the state")
@@ -45,7 +49,7 @@ class Settings(BaseSettings):
     )
     optimized_recipe: Literal[
         "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
-        "bf16", "compiled", "accuracy-aware",
+        "bf16", "compiled", "accuracy-aware", "fp16-graphs",
     ] = Field(
         "auto", description="auto: bf16 on CPUs with native bf16, else int8 dynamic; fp16 on CUDA"
     )
@@ -132,6 +136,10 @@ class Settings(BaseSettings):
     model_num_gpus: float = Field(0.0, ge=0, le=8)
     model_max_ongoing_requests: int = Field(64, ge=1, le=10_000)
     gateway_max_ongoing_requests: int = Field(256, ge=1, le=100_000)
+    gateway_tokenize_threads: int = Field(
+        2, ge=0, le=64,
+        description="threads per gateway replica that tokenize requests; 0: the models do",
+    )
     gateway_max_in_flight: int = Field(
         128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
     )

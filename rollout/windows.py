@@ -265,6 +265,14 @@ class Windows:
     def arms(self, last_s: int = 60) -> dict[str, ArmStats]:
         return {arm: self.arm(arm, last_s) for arm in self.ARMS}
 
+    def series(self, last_s: int = 3_600, step_s: int = 60, cache=None) -> dict:
+        """Both arms' statistics per `step_s` over the last `last_s` seconds, read in one round
+        trip (rollout.series: aligned steps; `cache`, a StepCache, keeps the sealed ones)."""
+        from rollout.series import read_series
+
+        return read_series(self.source, self.app, self.ARMS, self.clock.time(), last_s, step_s,
+                           cache)
+
     def shadow(self, last_s: int = 60) -> ShadowStats:
         """Online agreement of shadowed requests over the last `last_s` seconds
         (rollout.shadow), e.g. `windows.shadow(300).lower_bound`."""

@@ -40,6 +40,8 @@ from rollout import (
 )
 from rollout.budget import RetryBudget
 from serve.batching import RowsDidNotFit
+from serve.dashboard import DashboardRoutes
+from serve.dashboard import router as dashboard_router
 from serve.errors import (
     GatewayError,
     InProgress,
@@ -55,6 +57,7 @@ from serve.errors import (
 )
 from serve.idempotent import REPLAYED, Idempotency
 from serve.observe import Observation, Observer
+from serve.preprocess import Preprocessor
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
@@ -62,6 +65,7 @@ from serve.telemetry import Telemetry
 log = logging.getLogger("canary.gateway")
 
 api = FastAPI(title="Canary gateway", version="0.1.0")
+api.include_router(dashboard_router)  # /dashboard and its /v1/ API (serve.dashboard)
 
 
 def _ids(request: Request) -> tuple[str, str | None]:
@@ -102,7 +106,7 @@ def server_timing(stages: dict[str, float]) -> str:
 
 @serve.deployment(name="gateway")
 @serve.ingress(api)
-class Gateway:
+class Gateway(DashboardRoutes):
     async def __init__(
         self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings,
         ramp_controller: DeploymentHandle | None = None,
@@ -114,6 +118,7 @@ class Gateway:
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
         self.serving = infos[1]["version"]
+        self.preprocess = Preprocessor(settings, infos)  # tokenizes here when the models agree
         self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
         self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True)
         self.observer = Observer(self.telemetry)
@@ -204,8 +209,9 @@ class Gateway:
             )
             obs.route(decision, view, routing)
             deadline = start + self.settings.request_timeout_s
+            inputs = await self.preprocess.encode(parsed.inputs)
             result, fallback = await self._call_with_fallback(
-                obs, decision.arm, parsed.inputs, task, deadline, rid
+                obs, decision.arm, inputs, task, deadline, rid
             )
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)

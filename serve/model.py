@@ -69,6 +69,10 @@ class ModelServer:
         self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
         self.waiting = 0  # requests queued for a batch in this replica
+        self._forwarding = 0  # batches in the forward thread
+        self._forward_started = 0.0  # perf_counter when the running forward started
+        self._forward_estimate_s = 0.0  # how long it probably takes
+        self._s_per_token = 0.0  # seconds per token of the last forward
         self._batches = 0
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
@@ -107,20 +111,49 @@ class ModelServer:
             "device": self.variant.device,
             "labels": list(self.variant.labels),
             "tasks": ["classify"] if self.variant.has_head else ["classify", "embed"],
+            "tokenizer": self.variant.tokenizer_digest,
             "max_batch_size": self.max_batch_size,
             "batch_wait_ms": self.batch_wait_ms,
         }
 
-    async def predict(self, texts: list[str], task: str, trace: dict | None = None) -> dict:
-        """`trace`: the caller's W3C trace carrier (`traceparent`), to join its trace."""
+    def _batch_window(self) -> None:
+        """How long the batch this request may start waits to fill (Serve's `@serve.batch`
+        closes a batch after its first request waited that long, or when it is full).
+
+        - Idle replica (nothing queued, no forward running): 0 — forward at once, as waiting
+          could only add latency.
+        - A forward running: what is probably left of it (its tokens at the last forward's
+          seconds per token, minus the time it has run; at most 1 s), at least
+          `batch_wait_ms` — one forward runs at a time, so the batch could not start earlier
+          anyway, and closing it at the end of the forward lets every request that arrives
+          meanwhile ride in it (batches grow with load instead of being cut every
+          `batch_wait_ms` and queueing behind each other).
+        - Otherwise (requests queued, none forwarding): `batch_wait_ms`.
+        """
+        wait = self.batch_wait_ms / 1000
+        if self._forwarding:
+            left = self._forward_estimate_s - (time.perf_counter() - self._forward_started)
+            wait = max(wait, min(left, 1.0))
+        elif self.waiting == 0:
+            wait = 0.0
+        self._batched.set_batch_wait_timeout_s(wait)
+
+    async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None
+                      ) -> dict:
+        """`texts`, or their token ids from the gateway (`Encoded`, serve.preprocess).
+        `trace`: the caller's W3C trace carrier (`traceparent`), to join its trace."""
         clock = WallClock() if trace and self.telemetry.enabled else None
         marks = Marks(time.perf_counter())
         queue_length = self.waiting
         forwarded: _Forwarded | None = None
         try:
-            encoded = self.variant.encode(texts)
+            if isinstance(texts, Encoded):  # tokenized by the gateway (serve.preprocess)
+                encoded = texts
+            else:
+                encoded = self.variant.encode(texts)
             marks.queued = time.perf_counter()
             item = _Queued(encoded, marks.queued, self)
+            self._batch_window()
             self.waiting += 1
             try:
                 forwarded = await self._batched(item)
@@ -147,7 +180,8 @@ class ModelServer:
             "batch": {"requests": forwarded.batch_requests, "items": forwarded.batch_items},
             "queue": queue_length,
             "timing": {
-                "preprocess": _ms(marks.queued - marks.start),
+                "preprocess": encoded.preprocess_ms if encoded.preprocess_ms is not None
+                else _ms(marks.queued - marks.start),
                 "queue": forwarded.queue_ms,
                 "model": forwarded.model_ms,
                 "postprocess": _ms(marks.done - marks.post_start),
@@ -158,8 +192,9 @@ class ModelServer:
         batch = None if forwarded is None else {
             "requests": forwarded.batch_requests, "items": forwarded.batch_items,
             "id": forwarded.batch_id}
+        items = len(texts.ids) if isinstance(texts, Encoded) else len(texts)
         attrs = {"canary.arm": self.arm, "canary.model_version": self.variant.version,
-                 "canary.items": len(texts), "canary.task": task}
+                 "canary.items": items, "canary.task": task}
         record_model_spans(self.telemetry.tracer, carrier, clock, marks, attrs,
                            queue_length=queue_length, batch=batch, error=error)
 
@@ -177,11 +212,19 @@ class ModelServer:
         batch = [item.encoded for item in queued]
         loop = asyncio.get_running_loop()
         forward_start = time.perf_counter()
-        rows = await loop.run_in_executor(
-            self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
-            self.max_batch_tokens,
-        )
+        tokens = max(sum(item.tokens for item in batch), 1)
+        self._forwarding += 1
+        self._forward_started = forward_start
+        self._forward_estimate_s = self._s_per_token * tokens
+        try:
+            rows = await loop.run_in_executor(
+                self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
+                self.max_batch_tokens, self.variant.split_tokens,
+            )
+        finally:
+            self._forwarding -= 1
         forward_end = time.perf_counter()
+        self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
         return [

@@ -7,6 +7,7 @@
 | `int8-dynamic-per-channel` | the same with per-output-channel weight scales |
 | `int8-torchao` | torchao int8 weights, dynamic per-token int8 activations |
 | `fp16`, `bf16` | the whole model in half precision (bf16 is fast on CPUs with AVX512-BF16/AMX) |
+| `fp16-graphs` | CUDA only: fp16; batches of up to 16 rows replayed as CUDA graphs (serve.graphs) |
 | `compiled` | fp32 under `torch.compile` (inductor); compiles on first use of each shape |
 | `accuracy-aware` | a per-layer plan (serve.plan): the layers a calibration run found sensitive stay in high precision, the rest become int8 |
 
@@ -22,9 +23,10 @@ import torch
 
 RECIPES = (
     "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16", "bf16",
-    "compiled", "accuracy-aware",
+    "compiled", "accuracy-aware", "fp16-graphs",
 )
 CPU_ONLY = ("int8-dynamic", "int8-dynamic-per-channel", "accuracy-aware")
+CUDA_ONLY = ("fp16-graphs",)
 
 
 class Int8Linear(torch.nn.Module):
@@ -84,6 +86,8 @@ def apply_recipe(model: torch.nn.Module, recipe: str, device: str,
                  plan: dict | None = None) -> torch.nn.Module:
     if recipe in CPU_ONLY and device != "cpu":
         raise ValueError(f"{recipe} runs on CPU only")
+    if recipe in CUDA_ONLY and device != "cuda":
+        raise ValueError(f"{recipe} runs on CUDA only")
     if recipe == "fp32":
         return model.to(device)
     if recipe in ("int8-dynamic", "int8-dynamic-per-channel"):
@@ -96,6 +100,10 @@ def apply_recipe(model: torch.nn.Module, recipe: str, device: str,
         return model
     if recipe in ("fp16", "bf16"):
         return model.to(device=device, dtype=torch.float16 if recipe == "fp16" else torch.bfloat16)
+    if recipe == "fp16-graphs":
+        from serve.graphs import SmallBatchGraphs
+
+        return SmallBatchGraphs(model.to(device=device, dtype=torch.float16))
     if recipe == "compiled":
         return torch.compile(model.to(device), dynamic=True)
     if recipe == "accuracy-aware":

@@ -27,10 +27,15 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from rollout.settings import Settings
+from serve.batching import padded_width
 from serve.plan import bf16_native
 from serve.recipes import apply_recipe
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+# A merged batch is split into another forward rather than pad more than this many tokens
+# (serve.batching.pack): a CPU forward costs little more than its tokens, a CUDA one is
+# dominated by launches, so it pays to pad much more there.
+SPLIT_TOKENS = {"cpu": 256, "cuda": 8192}
 TASKS = ("classify", "embed")
 
 
@@ -125,11 +130,33 @@ def _plan_dir(settings: Settings) -> Path | None:
     return Path(settings.plan_dir).expanduser() if settings.plan_dir else None
 
 
+def load_tokenizer(settings: Settings, path: Path | None = None):
+    """(tokenizer, max_tokens, digest) of the model source: what `Variant` tokenizes with and
+    what the gateway tokenizes with (serve.preprocess). `digest` hashes the tokenizer's full
+    definition and the truncation length: equal digests tokenize every text identically."""
+    path = path or model_dir(settings)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    max_tokens = min(settings.max_tokens, getattr(config, "max_position_embeddings", 512))
+    definition = getattr(tokenizer, "backend_tokenizer", None)
+    text = definition.to_str() if definition is not None else repr(sorted(tokenizer.get_vocab()))
+    digest = hashlib.sha256(f"{text}\0{max_tokens}".encode()).hexdigest()[:16]
+    return tokenizer, max_tokens, digest
+
+
+def encode_ids(tokenizer, texts: list[str], max_tokens: int) -> list[list[int]]:
+    """Token ids of each text, truncated to `max_tokens`, not padded. A list goes to the Rust
+    tokenizer as one batch, which releases the GIL while it works."""
+    return tokenizer(texts, truncation=True, max_length=max_tokens, padding=False)["input_ids"]
+
+
 @dataclass
 class Encoded:
-    """One request's inputs, tokenized but not padded."""
+    """One request's inputs, tokenized but not padded; `preprocess_ms` when the gateway
+    tokenized them (serve.preprocess), so the model replica reports that time."""
 
     ids: list[list[int]]
+    preprocess_ms: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -145,13 +172,13 @@ class Variant:
         path = model_dir(settings)
         self.device = resolve_device(settings)
         self.recipe = recipe or recipe_for(arm, settings, self.device)
+        self.split_tokens = SPLIT_TOKENS[self.device]
         weights = weights_digest(path)
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tokenizer, self.max_tokens, self.tokenizer_digest = load_tokenizer(settings, path)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         self.has_head = any(a.endswith("ForSequenceClassification") for a in config.architectures or ())
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
         model = loader.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
-        self.max_tokens = min(settings.max_tokens, getattr(config, "max_position_embeddings", 512))
         self.model = model.to(self.device)  # fp32 until the recipe is applied below
         if self.has_head:
             self.labels = tuple(config.id2label[i] for i in range(config.num_labels))
@@ -187,20 +214,20 @@ class Variant:
         return plan
 
     def encode(self, texts: list[str]) -> Encoded:
-        ids = self.tokenizer(
-            texts, truncation=True, max_length=self.max_tokens, padding=False
-        )["input_ids"]
-        return Encoded(ids)
+        return Encoded(encode_ids(self.tokenizer, texts, self.max_tokens))
 
     def _collate(self, rows: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(row) for row in rows)
-        width = min(-(-width // 8) * 8, self.max_tokens)  # pad to a multiple of 8: fewer shapes
-        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
-        return ids.to(self.device), mask.to(self.device)
+        """Rows padded to their bucketed width (serve.batching.padded_width), built in one
+        tensor each for ids and mask (no per-row tensors), then moved to the device once."""
+        lengths = [len(row) for row in rows]
+        width = min(padded_width(max(lengths)), self.max_tokens)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.tensor([[*row, *([pad] * (width - len(row)))] for row in rows],
+                           dtype=torch.long)
+        mask = (torch.arange(width) < torch.tensor(lengths).unsqueeze(1)).long()
+        if self.device == "cpu":
+            return ids, mask
+        return ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def forward_rows(self, rows: list[Sequence[int]], model: torch.nn.Module | None = None

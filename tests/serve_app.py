@@ -14,6 +14,7 @@ from tests.servers import RedisServer, free_port
 from tests.tiny_model import make_tiny_encoder
 
 APP = "canary-itest"
+OPERATOR_TOKEN = "itest-operator-token-0123456789"  # the dashboard's actions (Bearer)
 
 
 @dataclass
@@ -115,9 +116,10 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
         "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
-        # the ramp controller runs in the app as the `controller` Redis user, evaluating often
+        # the ramp controller runs in the app as the `controller` Redis user, evaluating often;
+        # dashboard actions use the same control connection, with the operator token
         "control_redis_url": redis.url_for("controller"), "ramp_interval_s": 0.25,
-        "ramp_lease_ttl_s": 2.0,
+        "ramp_lease_ttl_s": 2.0, "operator_token": OPERATOR_TOKEN,
         # no shadow calls unless a test asks (redeploy(..., shadow_share=1.0)): tests that count
         # model calls or batch sizes must not see them
         "shadow_share": 0.0, **overrides,

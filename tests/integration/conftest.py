@@ -40,3 +40,31 @@ def gw(gateway):
         gateway.redeploy({})
     gateway.set_state(canary_bp=0, kill=False)
     return gateway
+
+
+DASHBOARD_RAMP_PLAN = {
+    "window_s": 5, "gates": {"min_samples": 2, "error_rate_delta": 0.05, "p99_ms": 4000},
+    "steps": [{"percent": 10, "min_duration_s": 600, "min_samples": 2},
+              {"percent": 100, "min_duration_s": 600, "approval": True}],
+}
+
+
+@pytest.fixture
+def dashboard_ramp(gw):
+    """A forced ramp holding at its first step (10 %, a long soak) until the test steers it;
+    aborted afterwards if still active, share back to 0."""
+    from rollout.ramp import parse_plan
+
+    control = gw.ramp_control()
+    previous = control.ramps.get()
+    if previous is not None and previous.active:
+        control.abort(actor="test", reason="test setup")
+    control.start(parse_plan(DASHBOARD_RAMP_PLAN), actor="test", reason="dashboard ramp test",
+                  force=True)
+    yield control
+    current = control.ramps.get()
+    if current is not None and current.active:
+        control.abort(actor="test", reason="test cleanup")
+    gw.set_state(canary_bp=0)
+    control.states.close()
+    control.ramps.close()

@@ -96,6 +96,7 @@ def test_a_healthy_canary_is_promoted_through_a_short_plan(gw, ramp_env):
         {"percent": 10, "min_duration_s": 1, "min_samples": 3},
         {"percent": 50, "min_duration_s": 1, "min_samples": 3},
         {"percent": 100, "min_duration_s": 1, "min_samples": 3}]})
+    since = time.time()  # the shared app's audit holds other tests' ramps too
     with Traffic(gw) as traffic:
         started = time.monotonic()
         ramp_env.start(plan, actor="test", reason="healthy ramp")
@@ -108,7 +109,7 @@ def test_a_healthy_canary_is_promoted_through_a_short_plan(gw, ramp_env):
         ramp_env.states.get().revision)["effective_percent"] == 100
     statuses = [status for _, status, _, _ in traffic.answers]
     assert statuses and set(statuses) == {200}, set(statuses)
-    entries = [e for e in ramp_env.states.audit() if e.actor == CONTROLLER]
+    entries = [e for e in ramp_env.states.audit() if e.actor == CONTROLLER and e.ts >= since]
     moves = [e.action for e in entries if e.action.startswith("canary")]
     assert moves == ["canary 0% -> 10%", "canary 10% -> 50%", "canary 50% -> 100%"]
     assert entries[-1].action == "ramp-promote"
@@ -121,6 +122,7 @@ def test_a_faulty_canary_is_rolled_back_and_no_request_is_lost(gw, ramp_env):
     plan = parse_plan({"window_s": 3, "gates": GATES, "steps": [
         {"percent": 25, "min_duration_s": 600, "min_samples": 3},
         {"percent": 100}]})
+    since = time.time()  # the shared app's audit holds other tests' ramps too
     ramp_env.start(plan, actor="test", reason="faulty ramp")
     wait_for(lambda: gw.served_state()["effective_percent"] == 25, 30, "the 25 % step")
     zero_at: list[float] = []
@@ -158,8 +160,8 @@ def test_a_faulty_canary_is_rolled_back_and_no_request_is_lost(gw, ramp_env):
     # answers, counted below; a lost request (no answer) or a 500 fails the test
     assert {a[1] for a in answers} <= {200, 503, 504}, odd
     first_fallback = min(t for t, status, _, fallback in answers if fallback)
-    notes = [e for e in ramp_env.states.audit() if e.actor == CONTROLLER and e.detail
-             and any(g["status"] == "fail" for g in e.detail.get("gates", []))]
+    notes = [e for e in ramp_env.states.audit() if e.actor == CONTROLLER and e.ts >= since
+             and e.detail and any(g["status"] == "fail" for g in e.detail.get("gates", []))]
     first_failing = notes[0].ts
     zero = zero_at[0]
     during = [a for a in answers if first_fallback <= a[0] <= zero]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from rollout import DeploymentReport, PermissionDenied, Rollout, StoreUnavailable
+from rollout import DeploymentReport, PermissionDenied, Rollout, StoreUnavailable, Traces
 from rollout.redis_store import RedisStateStore
+from rollout.redis_telemetry import RedisTelemetry
 from tests.servers import ACL_PASSWORDS, RedisServer
 
 pytestmark = pytest.mark.integration
@@ -74,6 +75,36 @@ def test_gateway_reads_subscribes_and_reports_but_cannot_change_anything(stores,
             attempt()
     raw.close()
     assert operator.get().kill is True and len(operator.audit()) == 2
+
+
+def test_gateway_reads_what_the_dashboard_shows_but_still_writes_no_audit(stores, secured, app):
+    """The dashboard reads with the gateway's user: the audit stream (newest entries) and recent
+    traces; it still may not write the audit stream or read all of it in one go."""
+    operator, gateway = stores
+    Rollout(operator).set_canary(100, actor="alice", reason="one")
+    Rollout(operator).kill(actor="bob", reason="two")
+    assert [e.actor for e in gateway.audit(last=1)] == ["bob"]
+    writer = RedisTelemetry(secured.url_for("gateway"), app)
+    span = {"trace_id": "a" * 32, "span_id": "b" * 16, "parent_id": None, "name": "root",
+            "service": "canary-gateway", "start": 1.0, "end": 2.0, "status": "ok", "error": None,
+            "attrs": {"canary.request_id": "r1"}}
+    writer.write([span])
+    [summary] = Traces(writer).recent(5)
+    assert summary.trace_id == "a" * 32 and Traces(writer).get("a" * 32)[0]["name"] == "root"
+    writer.close()
+    raw = redis.Redis.from_url(secured.url_for("gateway"))
+    try:
+        for attempt in (
+            lambda: raw.xadd(f"rollout:{app}:audit", {"forged": "entry"}),
+            lambda: raw.xtrim(f"rollout:{app}:audit", maxlen=0),
+            lambda: raw.xrange(f"rollout:{app}:audit"),
+            lambda: raw.lrange(f"rollout:{app}:elsewhere", 0, -1),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+    finally:
+        raw.close()
+    assert len(operator.audit()) == 2
 
 
 def test_plain_connection_to_a_tls_server_is_unavailable_without_secrets(secured):

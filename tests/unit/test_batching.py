@@ -68,3 +68,36 @@ def test_the_failure_survives_pickling_across_processes():
 
     failure = pickle.loads(pickle.dumps(RowsDidNotFit([1, 3], "out of memory even alone")))
     assert failure.indexes == [1, 3] and "inputs [1, 3]" in str(failure)
+
+
+def test_padded_widths_are_few_buckets_that_hold_the_row():
+    from serve.batching import BUCKETS, padded_width
+
+    widths = {padded_width(n) for n in range(1, 513)}
+    assert widths == set(BUCKETS)  # 19 shapes up to 512 tokens
+    for n in range(1, 700):
+        w = padded_width(n)
+        assert w >= n and w % 8 == 0
+        assert n <= 48 or w <= n * 1.25 + 8  # past the small sizes, little padding
+    assert padded_width(513) == 640
+
+
+def test_a_long_row_is_split_from_short_ones_rather_than_padding_them():
+    rows = [_Row(0, i, [i] * 16) for i in range(15)] + [_Row(0, 15, [15] * 256)]
+    assert [len(c) for c in pack(rows, max_batch_tokens=8192)] == [16]  # one 16 x 256 forward
+    chunks = pack(rows, max_batch_tokens=8192, split_tokens=256)
+    assert [len(c) for c in chunks] == [15, 1]
+    # small growth is cheaper than another forward: 16 -> 24 tokens for 3 rows stays together
+    close = [_Row(0, 0, [0] * 16), _Row(0, 1, [1] * 16), _Row(0, 2, [2] * 17)]
+    assert [len(c) for c in pack(close, max_batch_tokens=8192, split_tokens=256)] == [3]
+
+
+def test_splitting_keeps_results_in_order():
+    requests = [[[1] * 200, [2] * 3], [[3] * 5, [4] * 150, [5] * 2]]
+    calls = []
+    answers = run_budgeted(requests, fake_forward(calls), max_batch_tokens=8192,
+                           split_tokens=64)
+    assert [a[:, 1].tolist() for a in answers] == [[1, 2], [3, 4, 5]]
+    # the three short rows, then 150 and 200 together (buckets 160 -> 224: only 64 more
+    # padding); the fake records unbucketed cost: rows x longest row
+    assert calls == [3 * 5, 2 * 200]

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from rollout import FakeClock, InvalidChange
+from rollout.agreement import wilson_interval
 from rollout.ramp import PlanError, WindowsMetrics, load_plan, read_plan
+from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
 from rollout.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,15 +96,13 @@ def test_the_adapter_reads_arms_from_the_windows():
     assert metrics.arm("baseline", 5).requests == 0
 
 
-def test_without_shadow_windows_the_agreement_is_unknown():
+def test_without_shadow_pairs_the_agreement_is_unknown():
     assert WindowsMetrics(windows_with_one_canary_request()).agreement(60) == (0, None)
 
 
-def test_with_shadow_windows_the_agreement_comes_from_them():
-    class Shadow:
-        pairs, agreed, agreement, lower_bound = 200, 199, 0.995, 0.972
-
+def test_the_agreement_is_the_shadow_windows_pairs_and_lower_bound():
     windows = windows_with_one_canary_request()
-    asked = []
-    windows.shadow = lambda last_s: asked.append(last_s) or Shadow()
-    assert WindowsMetrics(windows).agreement(30) == (200, 0.972) and asked == [30]
+    outcomes = [PairOutcome(True, 0.3)] * 199 + [PairOutcome(False, 0.01)]
+    windows.source.increment(merge_shadow([ShadowItem(999.5, shadow_fields(outcomes))], "app"))
+    assert WindowsMetrics(windows).agreement(30) == (200, wilson_interval(199, 200)[0])
+    assert WindowsMetrics(windows).agreement(30) == (200, windows.shadow(30).lower_bound)

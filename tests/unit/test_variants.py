@@ -121,3 +121,25 @@ def test_compiled_recipe_wraps_the_fp32_model_for_inductor(encoder_dir):
     assert {p.dtype for p in opt.model._orig_mod.parameters()} == {torch.float32}
     base = Variant(Settings(model_path=str(encoder_dir)), "baseline")
     assert opt.version != base.version
+
+
+def test_small_batch_graphs_pad_rows_and_cut_them_off(encoder_dir):
+    """The fp16-graphs wrapper's padding logic, on CPU without compiling (the graphs
+    themselves need CUDA: ops/gpu_check.sh)."""
+    from serve.graphs import SmallBatchGraphs
+
+    variant = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    rows = [[101, 2023, 102], [101, 2003, 1037, 2742, 102], [101, 102]]
+    expected = variant.forward_rows(rows)
+    wrapped = SmallBatchGraphs(variant.model, max_rows=4, compile=False)
+    assert torch.allclose(variant.forward_rows(rows, model=wrapped), expected, atol=1e-5)
+    big = rows * 2  # 6 rows > max_rows: eager
+    assert torch.allclose(variant.forward_rows(big, model=wrapped), torch.cat([expected] * 2),
+                          atol=1e-5)
+    assert set(wrapped.state_dict()) == {f"eager.{k}" for k in variant.model.state_dict()}
+
+
+def test_fp16_graphs_is_refused_on_cpu(encoder_dir):
+    with pytest.raises(ValueError, match="CUDA only"):
+        Variant(Settings(model_path=str(encoder_dir), optimized_recipe="fp16-graphs"),
+                "optimized")

@@ -1,0 +1,6 @@
+"""`python -m ops.bench`: the in-process pipeline and the gateway end to end, side by side.
+
+Modules: `pipeline` (in process), `endtoend` (closed-loop HTTP load, `Server-Timing`),
+`target` (local app or URL, forcing an arm through the audited path), `report` (derived
+figures, JSON / markdown / PNG), `__main__` (the command).
+"""

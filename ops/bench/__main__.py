@@ -1,0 +1,290 @@
+"""Benchmark the serving path: the in-process pipeline per variant and batch size, and the
+gateway end to end per arm and concurrency, side by side in one run.
+
+    python -m ops.bench                                  # local app, default model
+    python -m ops.bench --seconds 3 --set max_batch_size=32 --out bench-results
+    python -m ops.bench --url http://127.0.0.1:8000 --yes   # a running gateway (loopback only)
+
+Without `--url` it starts the application itself on a local Ray Serve (the settings of the
+environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis unless
+`REDIS_URL` is set. Arms are forced one after the other by setting the canary share to 0 % or
+100 % through the audited path (actor `bench`) and restored afterwards; with `--url` that
+changes a running gateway's rollout state, hence `--yes`. The in-process part runs first, in
+this process, with the same settings, texts and machine.
+
+Writes bench.json, bench.md and bench.png into `--out`, prints the markdown table and names
+the bottleneck stage. Exit codes: 0 done, 1 some requests failed (see `failed`), 2 bad input or
+an unreachable gateway / Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from ops.bench import endtoend, pipeline, report, target
+from ops.bench.endtoend import BenchError
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 1: {text!r}")
+    return values
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE: {text!r}")
+    return key.strip(), value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="a running gateway (loopback only); default: start a local app")
+    p.add_argument("--yes", action="store_true",
+                   help="with --url: confirm that its rollout state may change (restored after)")
+    p.add_argument("--redis-url", help="Redis of the rollout state, operator access (default: "
+                   "REDIS_URL; local app without it: a throwaway redis-server)")
+    p.add_argument("--model-path", help="model folder (default: CANARY_MODEL_PATH or the "
+                   "packaged all-MiniLM-L6-v2)")
+    p.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
+                   metavar="KEY=VALUE", help="a setting by field name, e.g. max_batch_size=32 "
+                   "(repeatable; the local app and the in-process variants use it)")
+    p.add_argument("--texts", help="JSONL regression-set file whose texts make the workload "
+                   "(default: the shipped set)")
+    p.add_argument("--inputs", type=int, default=128,
+                   help="texts in the workload, evenly spaced over the set (default 128)")
+    p.add_argument("--task", choices=("classify", "embed"), default="classify")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 16, 32],
+                   help="in-process batch sizes (default 1,8,16,32)")
+    p.add_argument("--rounds", type=int, default=3, help="in-process passes per arm and batch")
+    p.add_argument("--threads", type=int, help="torch threads of the in-process part (default: "
+                   "those of one model replica, CANARY_TORCH_THREADS or cores / 2, so both "
+                   "sides run the same forward)")
+    p.add_argument("--concurrency", type=_ints, default=[1, 8, 32, 64],
+                   help="gateway concurrency levels (default 1,8,32,64)")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level")
+    p.add_argument("--inputs-per-request", type=int, default=1,
+                   help="texts in each gateway request (default 1)")
+    p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request")
+    p.add_argument("--arms", default="baseline,optimized", help="arms to measure, in order")
+    p.add_argument("--p99-bound-ms", type=float,
+                   help="bound of the speedup at equal p99 (default: baseline p99 at saturation)")
+    p.add_argument("--no-inprocess", action="store_true", help="skip the in-process part")
+    p.add_argument("--no-gateway", action="store_true", help="skip the end-to-end part")
+    p.add_argument("--out", default="bench-results", help="folder for bench.json/.md/.png")
+    p.add_argument("--no-chart", action="store_true", help="no PNG (matplotlib not needed)")
+    p.add_argument("--render", metavar="JSON", help="measure nothing: write bench.md and "
+                   "bench.png into --out from an earlier bench.json (e.g. one from the GPU)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def _checked(args, p: argparse.ArgumentParser) -> None:
+    if args.inputs < 1 or args.rounds < 1 or args.inputs_per_request < 1 or (
+            args.threads is not None and args.threads < 1):
+        p.error("--inputs, --rounds, --threads and --inputs-per-request must be >= 1")
+    if args.seconds <= 0 or args.warmup < 0 or args.timeout <= 0:
+        p.error("--seconds and --timeout must be positive, --warmup not negative")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or set(arms) - set(report.ARMS):
+        p.error(f"--arms: choose from {', '.join(report.ARMS)}")
+    args.arms = arms
+    if args.url and not args.yes and not args.no_gateway:
+        p.error("--url changes that gateway's rollout state (restored afterwards): pass --yes")
+
+
+def _settings(args):
+    from pydantic import ValidationError
+
+    from rollout import Settings
+
+    overrides = dict(args.settings)
+    if args.model_path:
+        overrides["model_path"] = args.model_path
+    if args.redis_url:
+        overrides["redis_url"] = args.redis_url
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BenchError(f"bad setting: {first['loc']}: {first['msg']}") from None
+
+
+def _texts(args) -> list[str]:
+    from serve.regression import RegressionSetError, load_set
+
+    try:
+        texts = load_set(args.texts).texts
+    except RegressionSetError as exc:
+        raise BenchError(str(exc)) from None
+    step = max(1, len(texts) // args.inputs)
+    return texts[::step][: args.inputs]
+
+
+def _hardware() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(line.split(":", 1)[1].strip() for line in handle
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    found = f"{cpu}, {os.cpu_count()} cores"
+    if torch.cuda.is_available():
+        found += f", {torch.cuda.get_device_name(0)}"
+    return found
+
+
+def run(args, say) -> dict:
+    import torch
+
+    from serve.variants import Variant, model_dir
+
+    settings = _settings(args)
+    try:
+        model_dir(settings)
+    except (FileNotFoundError, ImportError) as exc:
+        raise BenchError(f"no model: {exc}") from None
+    url = target.loopback_url(args.url) if args.url else None
+    if url and not args.no_gateway:
+        endtoend.check_reachable(url)
+    texts = _texts(args)
+    result: dict = {"meta": {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "hardware": _hardware(), "torch": torch.__version__,
+        "model": settings.model_path or "all-MiniLM-L6-v2 (packaged)",
+        "inputs": len(texts), "inputs_per_request": args.inputs_per_request, "task": args.task,
+        "max_batch_size": settings.max_batch_size, "batch_wait_ms": settings.batch_wait_ms,
+        "replica_threads": settings.threads_per_model(), "inprocess_threads": None,
+        "mode": "url" if url else "local app",
+        "settings": dict(args.settings), "seconds": args.seconds,
+    }, "memory": {}}
+    if not args.no_inprocess:
+        torch.set_num_threads(args.threads or settings.threads_per_model())
+        result["meta"]["inprocess_threads"] = torch.get_num_threads()
+        say("loading both variants in process")
+        variants = {arm: Variant(settings, arm) for arm in args.arms}
+        result["meta"]["recipes"] = {arm: v.recipe for arm, v in variants.items()}
+        result["inprocess"] = pipeline.measure(variants, texts, args.batch_sizes,
+                                               rounds=args.rounds, task=args.task, progress=say)
+        result["memory"]["bench_process_mib"] = _rss_mib()
+        result["memory"]["gpu_peak_mib"] = pipeline.peak_gpu_mib()
+        del variants
+        gc.collect()
+    if not args.no_gateway:
+        result["gateway"], result["memory"]["serve"] = _gateway(args, settings, url, texts, say)
+    result["summary"] = report.derive(result, p99_bound_ms=args.p99_bound_ms)
+    return result
+
+
+def _gateway(args, settings, url, texts, say):
+    if url:
+        return _levels(args, settings, url, texts, say)
+    with target.redis_for(settings.redis_url if (args.redis_url or os.environ.get("REDIS_URL"))
+                          else None) as redis_url:
+        local = settings.model_copy(update={"redis_url": redis_url})
+        say("starting the local app (Ray Serve)")
+        with target.local_app(local) as local_url:
+            return _levels(args, local, local_url, texts, say, app=target.APP)
+
+
+def _levels(args, settings, url, texts, say, app=None):
+    switch = target.ArmSwitch(settings, url)
+    found: dict[str, list[dict]] = {}
+    memory: dict[str, float] = {}
+    try:
+        for arm in args.arms:
+            switch.force(arm)
+            found[arm] = []
+            for c in args.concurrency:
+                used, began = target.replica_cpu_s(app), time.monotonic()
+                level = endtoend.load(url, texts, c, seconds=args.seconds, warmup=args.warmup,
+                                      per_request=args.inputs_per_request, task=args.task,
+                                      timeout=args.timeout)
+                spent, elapsed = target.replica_cpu_s(app), time.monotonic() - began
+                # CPU per second of load (warm-up included) / requests per second measured
+                level["cpu_ms_per_request"] = {
+                    name: round((spent[name] - used.get(name, 0.0)) / elapsed * 1000
+                                / level["rps"], 3)
+                    for name in spent if level["rps"]}
+                found[arm].append(level)
+                say(f"gateway {arm} c={c}: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, "
+                    f"p99 {level['p99_ms']} ms, answered by {level['arms']}, "
+                    f"failed {level['failed']}")
+            for name, mib in target.process_memory(app).items():
+                memory[name] = max(mib, memory.get(name, 0.0))
+    finally:
+        switch.restore()
+    return found, memory
+
+
+def _load(path: str) -> dict:
+    import json
+
+    try:
+        result = json.loads(Path(path).read_text())
+        result["summary"] = report.derive(result)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"cannot render {path}: {type(exc).__name__}: {exc}") from None
+    return result
+
+
+def _rss_mib() -> float:
+    from ops.loadtest import rss_mib
+
+    return round(rss_mib(os.getpid()) or 0.0, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    _checked(args, p)
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"bench: {line}", file=sys.stderr, flush=True)
+
+    try:
+        result = _load(args.render) if args.render else run(args, say)
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.render:
+        report.write_json(result, out / "bench.json")
+    table = report.markdown(result)
+    (out / "bench.md").write_text(table)
+    if not args.no_chart and result.get("gateway"):
+        report.chart(result, out / "bench.png")
+    print(table)
+    for arm, s in result["summary"]["arms"].items():
+        if s["bottleneck"]:
+            neck = s["bottleneck"]
+            print(f"{arm}: bottleneck at saturation is `{neck['stage']}` "
+                  f"({neck['per_request_ms']} ms per request; queue p50 {neck['queue_p50_ms']} ms)")
+    say(f"wrote {out}/bench.json, bench.md" + ("" if args.no_chart else ", bench.png"))
+    failed = any(lv["failed"] for levels in (result.get("gateway") or {}).values()
+                 for lv in levels)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The gateway end to end: closed-loop load at fixed concurrency levels over loopback HTTP.
+
+Algorithm: for each concurrency level `c`, `c` asyncio workers each send one prediction, wait
+for its answer and send the next, for `seconds` after an unmeasured warm-up (so the offered load
+adapts to what the gateway serves: this finds its throughput at that concurrency, not an
+overload). Every answer is accounted for: 200s give a client latency and their `Server-Timing`
+(stages in ms and the batch's size), any other status or a connection error is counted by kind.
+Throughput counts answered 200s over the measured window only.
+
+Per level it reports requests and inputs per second, p50 / p95 / p99 client latency
+(nearest rank), the mean of each `Server-Timing` stage, the distribution of batch sizes (in
+requests) the answers rode in, queue wait p50 / p99, and `http_ms`: client latency minus the
+gateway's `total` (proxy, HTTP and the client itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+
+import httpx
+
+from rollout.agreement import percentile
+
+STAGES = ("preprocess", "queue", "model", "postprocess", "gateway", "total")
+
+
+class BenchError(Exception):
+    """The benchmark cannot run as asked (bad input, unreachable gateway); exit code 2."""
+
+
+def parse_server_timing(header: str) -> tuple[dict[str, float], int | None]:
+    """`preprocess;dur=1.2, ..., batch;desc="requests=3 items=7"` -> ({stage: ms}, requests)."""
+    stages: dict[str, float] = {}
+    batch = None
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";")
+        if rest.startswith("dur="):
+            try:
+                stages[name] = float(rest[4:])
+            except ValueError:
+                continue
+        elif name == "batch" and "requests=" in rest:
+            value = rest.split("requests=", 1)[1].split()[0].strip('"')
+            batch = int(value) if value.isdigit() else None
+    return stages, batch
+
+
+def check_reachable(url: str, timeout: float = 5.0) -> None:
+    """A clear BenchError unless `url` answers `GET /healthz` with 200."""
+    try:
+        response = httpx.get(f"{url}/healthz", timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise BenchError(
+            f"cannot reach the gateway at {url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code != 200:
+        raise BenchError(f"{url}/healthz answered {response.status_code}: is this the gateway?")
+
+
+async def _level(url: str, texts: list[str], concurrency: int, seconds: float, warmup: float,
+                 per_request: int, task: str, timeout: float) -> dict:
+    samples: list[tuple[float, dict[str, float], int | None, str]] = []
+    failures: Counter[str] = Counter()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    start = time.monotonic()
+    measure_from, stop = start + warmup, start + warmup + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+
+        async def worker(w: int) -> None:
+            i = w
+            while (sent := time.monotonic()) < stop:
+                inputs = [texts[(i + k) % len(texts)] for k in range(per_request)]
+                i += concurrency
+                try:
+                    response = await client.post(
+                        "/v1/predict", json={"inputs": inputs, "task": task},
+                        headers={"X-Routing-Key": f"bench-{w}-{i}"})
+                except httpx.HTTPError as exc:
+                    if sent >= measure_from:
+                        failures[f"lost:{type(exc).__name__}"] += 1
+                    continue
+                if sent < measure_from:
+                    continue
+                if response.status_code != 200:
+                    failures[str(response.status_code)] += 1
+                    continue
+                stages, batch = parse_server_timing(response.headers.get("server-timing", ""))
+                latency = (time.monotonic() - sent) * 1000
+                samples.append((latency, stages, batch, response.headers.get("x-canary-arm", "")))
+
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    window = max(time.monotonic() - measure_from, 1e-9)
+    return summarize(samples, failures, concurrency=concurrency, window=window,
+                     per_request=per_request)
+
+
+def summarize(samples, failures: Counter, *, concurrency: int, window: float,
+              per_request: int) -> dict:
+    latencies = [s[0] for s in samples]
+    stage_means = {name: statistics.fmean(s[1][name] for s in samples if name in s[1])
+                   for name in STAGES if any(name in s[1] for s in samples)}
+    batches = Counter(s[2] for s in samples if s[2] is not None)
+    queue = [s[1]["queue"] for s in samples if "queue" in s[1]]
+    http = [s[0] - s[1]["total"] for s in samples if "total" in s[1]]
+
+    def pct(values, q):
+        return round(percentile(values, q), 3) if values else None
+
+    return {
+        "concurrency": concurrency, "seconds": round(window, 3), "ok": len(samples),
+        "failed": dict(failures), "arms": dict(Counter(s[3] for s in samples)),
+        "rps": len(samples) / window, "inputs_per_s": len(samples) * per_request / window,
+        "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95), "p99_ms": pct(latencies, 99),
+        "stages_ms": {k: round(v, 3) for k, v in stage_means.items()},
+        "http_ms": round(statistics.fmean(http), 3) if http else None,
+        "batch_requests": {str(k): v for k, v in sorted(batches.items())},
+        "mean_batch": (sum(k * v for k, v in batches.items()) / sum(batches.values())
+                       if batches else None),
+        "queue_p50_ms": pct(queue, 50), "queue_p99_ms": pct(queue, 99),
+    }
+
+
+def load(url: str, texts: list[str], concurrency: int, *, seconds: float, warmup: float = 1.0,
+         per_request: int = 1, task: str = "classify", timeout: float = 30.0) -> dict:
+    """One concurrency level (see the module docstring)."""
+    return asyncio.run(_level(url, texts, concurrency, seconds, warmup, per_request, task,
+                              timeout))

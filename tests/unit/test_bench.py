@@ -1,0 +1,131 @@
+"""The benchmark command: its in-process part and report writers on the tiny encoder, its
+Server-Timing parser, and its answers to bad input (no Ray, no Redis)."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from ops.bench import __main__ as bench
+from ops.bench import endtoend, report
+from tests.servers import free_port
+from tests.tiny_model import make_tiny_encoder
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("enc"))
+
+
+@pytest.fixture(scope="module")
+def inprocess(encoder_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    code = bench.main(["--no-gateway", "--model-path", str(encoder_dir), "--inputs", "12",
+                       "--batch-sizes", "1,4", "--rounds", "1", "--out", str(out), "--quiet"])
+    assert code == 0
+    return out
+
+
+def test_inprocess_json_has_every_arm_and_batch(inprocess):
+    result = json.loads((inprocess / "bench.json").read_text())
+    rows = result["inprocess"]
+    assert {(r["arm"], r["batch"]) for r in rows} == {
+        (arm, size) for arm in ("baseline", "optimized") for size in (1, 4)}
+    for r in rows:
+        assert r["inputs"] == 12 and r["throughput"] > 0 and r["p50_ms"] > 0
+        assert set(r["stages_ms"]) == {"preprocess", "model", "postprocess"}
+        assert all(v >= 0 for v in r["stages_ms"].values())
+    assert result["meta"]["recipes"]["baseline"] == "fp32"
+    assert result["memory"]["bench_process_mib"] > 0
+    speed = result["summary"]["speedup"]["inprocess"]
+    by = {(r["arm"], r["batch"]): r["throughput"] for r in rows}
+    assert speed["4"] == pytest.approx(by[("optimized", 4)] / by[("baseline", 4)])
+    forward = {(r["arm"], r["batch"]): r["stages_ms"]["model"] for r in rows}
+    assert result["summary"]["speedup"]["forward"]["4"] == pytest.approx(
+        forward[("baseline", 4)] / forward[("optimized", 4)])
+    assert "gateway" not in result and result["summary"]["arms"]["baseline"]["efficiency"] is None
+    assert "| baseline | fp32 | 1 |" in (inprocess / "bench.md").read_text()
+    assert not (inprocess / "bench.png").exists()  # no gateway part, no chart
+
+
+def _level(concurrency: int, latency: float, model_ms: float, batch: int, n: int) -> dict:
+    samples = [(latency + i, {"preprocess": 0.5, "queue": 1.0 + i, "model": model_ms,
+                              "postprocess": 0.2, "gateway": 3.0, "total": latency + i - 2},
+                batch, "baseline") for i in range(n)]
+    return endtoend.summarize(samples, Counter(), concurrency=concurrency, window=2.0,
+                              per_request=1)
+
+
+def test_report_derives_efficiency_latency_bottleneck_and_chart(inprocess, tmp_path):
+    result = json.loads((inprocess / "bench.json").read_text())
+    result["gateway"] = {arm: [_level(1, 20.0, 4.0, 1, 10), _level(8, 60.0, 40.0, 4, 20)]
+                         for arm in ("baseline", "optimized")}
+    result["gateway"]["optimized"][1]["inputs_per_s"] *= 2  # twice the baseline at c=8
+    summary = report.derive(result)
+    best = max((r for r in result["inprocess"] if r["arm"] == "baseline"),
+               key=lambda r: r["throughput"])
+    one = next(r for r in result["inprocess"] if r["arm"] == "baseline" and r["batch"] == 1)
+    base = summary["arms"]["baseline"]
+    assert base["saturation"]["concurrency"] == 8
+    assert base["efficiency"] == pytest.approx(10.0 / best["throughput"])  # 20 ok over 2 s
+    assert base["added_latency_ms"] == pytest.approx(result["gateway"]["baseline"][0]["p50_ms"]
+                                                     - one["p50_ms"])
+    # per request at c=8: model 40 ms / batch 4 = 10 ms beats gateway 3 and http ~2
+    assert base["bottleneck"]["stage"] == "model"
+    assert base["bottleneck"]["per_request_ms"]["model"] == pytest.approx(10.0)
+    assert summary["speedup"]["saturation"] == pytest.approx(2.0)
+    assert summary["speedup"]["at_p99_bound"]["ratio"] == pytest.approx(2.0)
+    result["summary"] = summary
+    table = report.markdown(result)
+    assert "| baseline | 8 |" in table and "model (10.00 ms of each request)" in table
+    report.chart(result, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_server_timing_parser():
+    stages, batch = endtoend.parse_server_timing(
+        'preprocess;dur=0.250, queue;dur=1.500, model;dur=3.000, total;dur=9.1, '
+        'batch;desc="requests=3 items=7"')
+    assert stages == {"preprocess": 0.25, "queue": 1.5, "model": 3.0, "total": 9.1}
+    assert batch == 3
+    assert endtoend.parse_server_timing("") == ({}, None)
+    assert endtoend.parse_server_timing("model;dur=abc, batch;desc=x") == ({}, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--url", "ftp://127.0.0.1:1", "--yes"], "bad --url"),
+    (["--url", "http://10.1.2.3:8000", "--yes"], "loopback only"),
+    (["--set", "no_such_setting=1"], "bad setting"),
+    (["--set", "max_batch_size=0"], "bad setting"),
+    (["--texts", "/no/such/set.jsonl", "--no-gateway"], "cannot read regression set"),
+    (["--model-path", "/no/such/model", "--no-gateway"], "no model"),
+])
+def test_bad_input_is_a_clear_error(argv, message, capsys):
+    assert bench.main([*argv, "--quiet", "--no-chart"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unreachable_gateway_is_a_clear_error(capsys):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert bench.main(["--url", url, "--yes", "--no-inprocess", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach the gateway at {url}" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--url", "http://127.0.0.1:8000"],  # changes a gateway's state: needs --yes
+    ["--concurrency", "0"], ["--batch-sizes", "1,x"], ["--seconds", "0"], ["--arms", "canary"],
+])
+def test_bad_options_exit_2(argv):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+
+
+def test_render_rewrites_the_reports_from_json(inprocess, tmp_path, capsys):
+    assert bench.main(["--render", str(inprocess / "bench.json"), "--out", str(tmp_path),
+                       "--quiet"]) == 0
+    assert (tmp_path / "bench.md").read_text() == (inprocess / "bench.md").read_text()
+    (tmp_path / "broken.json").write_text("{not json")
+    assert bench.main(["--render", str(tmp_path / "broken.json"), "--quiet"]) == 2
+    assert "cannot render" in capsys.readouterr().err
