@@ -24,6 +24,6 @@ def test_production_config_is_valid():
     settings = Settings(**application.args)
     assert settings.model_num_gpus == 0.25
     # every model replica at its maximum fits on the node's one GPU
-    models = [d for d in application.deployments if d.name != "gateway"]
+    models = [d for d in application.deployments if d.name in ("baseline", "optimized")]
     assert sum(d.autoscaling_config["max_replicas"] * d.ray_actor_options.num_gpus
                for d in models) <= 1
