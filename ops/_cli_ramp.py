@@ -9,7 +9,7 @@ import argparse
 import json
 
 from ops._cli_format import age, one_line, table, when
-from rollout import RampNotAllowed, format_bp
+from rollout import format_bp
 from rollout.ramp import RampControl, RampView, read_plan
 
 _ACTIONS = {
@@ -94,8 +94,9 @@ def _status(ctx, view: RampView) -> int:
             "time_in_step_s": view.time_in_step_s, "controller": view.holder,
             "last_evaluation": view.last}))
         return 0
-    if ramp is None:
-        raise RampNotAllowed("no ramp has been started (`rollout ramp start PLAN.yaml`)")
+    if ramp is None:  # a state like any other, as `--json` says: not an error
+        ctx.say("ramp             none: no ramp has been started (`rollout ramp start PLAN.yaml`)")
+        return 0
     plan, now = ramp.plan, view.now
     shares = " -> ".join(format_bp(bp) for bp in plan.shares_bp)
     rows = [
