@@ -21,6 +21,8 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -101,6 +103,24 @@ def _answer(changed: bool, message: str, state: RolloutState) -> dict:
     return {"changed": changed, "message": message, "state": state.model_dump(mode="json")}
 
 
+@contextmanager
+def rollout_errors(*, conflict: str) -> Iterator[None]:
+    """Rollout errors of an action as the dashboard's 4xx/503 (`conflict` follows a 409's
+    message: what the operator should do about it)."""
+    try:
+        yield
+    except InvalidChange as exc:
+        raise InvalidInput(str(exc)) from None
+    except RevisionConflict as exc:
+        raise Conflict(f"{exc}: {conflict}") from None
+    except PermissionDenied as exc:
+        raise ControlUnavailable(
+            f"{exc} (set CANARY_CONTROL_REDIS_URL to a Redis user that may change the "
+            "rollout)") from None
+    except StoreUnavailable as exc:
+        raise ControlUnavailable(str(exc)) from None
+
+
 class Actions:
     def __init__(self, rollout: Rollout):
         self.rollout = rollout
@@ -109,18 +129,8 @@ class Actions:
         """Apply one action ('canary', 'kill' or 'unkill'); rollout errors become 4xx/503."""
         change = parse(body, ShareChange if kind == "canary" else Change)
         actor = actor_of(change, client)
-        try:
+        with rollout_errors(conflict="nothing was changed; look again and retry"):
             return getattr(self, "_" + kind)(change, actor)
-        except InvalidChange as exc:
-            raise InvalidInput(str(exc)) from None
-        except RevisionConflict as exc:
-            raise Conflict(f"{exc}: nothing was changed; look again and retry") from None
-        except PermissionDenied as exc:
-            raise ControlUnavailable(
-                f"{exc} (set CANARY_CONTROL_REDIS_URL to a Redis user that may change the "
-                "rollout)") from None
-        except StoreUnavailable as exc:
-            raise ControlUnavailable(str(exc)) from None
 
     def _before(self, change: Change) -> RolloutState:
         before = self.rollout.state()

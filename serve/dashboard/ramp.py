@@ -13,22 +13,10 @@ only ever lowers the share, and approve is itself the confirmation).
 
 from __future__ import annotations
 
-from rollout import (
-    InvalidChange,
-    PermissionDenied,
-    RampNotAllowed,
-    RevisionConflict,
-    StoreUnavailable,
-)
+from rollout import PermissionDenied, RampNotAllowed, StoreUnavailable
 from rollout.ramp import RampControl
-from serve.dashboard.actions import Change, actor_of, parse
-from serve.dashboard.errors import (
-    Conflict,
-    ControlUnavailable,
-    InvalidInput,
-    NotFound,
-    RampNotPossible,
-)
+from serve.dashboard.actions import Change, actor_of, parse, rollout_errors
+from serve.dashboard.errors import ControlUnavailable, InvalidInput, NotFound, RampNotPossible
 
 ACTIONS = ("pause", "resume", "approve", "abort")
 
@@ -56,19 +44,10 @@ def ramp_action(control: RampControl, action: str, body: bytes, client: str | No
     if change.confirm or change.expected_revision is not None:
         raise InvalidInput("ramp actions take only a reason and an actor")
     actor = actor_of(change, client)
-    try:
-        ramp = getattr(control, action)(actor=actor, reason=change.reason)
-    except RampNotAllowed as exc:
-        raise RampNotPossible(str(exc)) from None
-    except InvalidChange as exc:
-        raise InvalidInput(str(exc)) from None
-    except RevisionConflict as exc:
-        raise Conflict(f"{exc}: the controller kept writing; try again") from None
-    except PermissionDenied as exc:
-        raise ControlUnavailable(
-            f"{exc} (set CANARY_CONTROL_REDIS_URL to a Redis user that may change the "
-            "rollout)") from None
-    except StoreUnavailable as exc:
-        raise ControlUnavailable(str(exc)) from None
+    with rollout_errors(conflict="the controller kept writing; try again"):
+        try:
+            ramp = getattr(control, action)(actor=actor, reason=change.reason)
+        except RampNotAllowed as exc:
+            raise RampNotPossible(str(exc)) from None
     return {"changed": True, "ramp": ramp.model_dump(mode="json"),
             "message": f"ramp {ramp.status} (step {ramp.step + 1} of {len(ramp.plan.steps)})"}
