@@ -10,6 +10,15 @@ def redis_server():
     server.cleanup()
 
 
+@pytest.fixture(scope="module")
+def secured():
+    """A production-like Redis of the module's own: TLS only, the ACL users of
+    ops/redis-users.acl."""
+    server = RedisServer(acl=True, tls=True).start()
+    yield server
+    server.cleanup()
+
+
 @pytest.fixture
 def redis_url(redis_server):
     """A clean database on the shared server for each test."""

@@ -17,16 +17,8 @@ from rollout.ramp import RampControl, RampController, parse_plan
 from rollout.ramp.redis_store import RedisRampStore
 from rollout.redis_store import RedisStateStore
 from tests.ramp_harness import PLAN, ScriptedMetrics, stats
-from tests.servers import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def secured():
-    server = RedisServer(acl=True, tls=True).start()
-    yield server
-    server.cleanup()
 
 
 @pytest.fixture

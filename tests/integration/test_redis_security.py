@@ -12,16 +12,9 @@ import redis
 from rollout import DeploymentReport, PermissionDenied, Rollout, StoreUnavailable, Traces
 from rollout.redis_store import RedisStateStore
 from rollout.redis_telemetry import RedisTelemetry
-from tests.servers import ACL_PASSWORDS, RedisServer
+from tests.servers import ACL_PASSWORDS
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def secured():
-    server = RedisServer(acl=True, tls=True).start()
-    yield server
-    server.cleanup()
 
 
 @pytest.fixture
