@@ -20,4 +20,11 @@ if [ -z "${REDIS_URL:-}" ]; then
 fi
 
 export PATH="$root/.venv/bin:$PATH"
-exec serve run serve.config:app "$@"
+# Ray Serve's throughput mode and direct ingress through HAProxy (serve/ray_env.py says why);
+# a value already in the environment wins.
+eval "$(python -m serve.ray_env)"
+# An HAProxy left behind by a gateway that was killed would still hold port 8000: stop such
+# orphans before starting and after `serve run` exits, however it exits.
+python -m serve.ray_env --reap
+trap 'python -m serve.ray_env --reap' EXIT
+serve run serve.config:app "$@"

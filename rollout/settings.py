@@ -140,6 +140,11 @@ class Settings(BaseSettings):
         2, ge=0, le=64,
         description="threads per gateway replica that tokenize requests; 0: the models do",
     )
+    gateway_coalesce_calls: int = Field(
+        2, ge=0, le=1024,
+        description="model calls per arm a gateway replica keeps open; requests arriving while "
+        "all are open go together in the next one (serve.coalesce); 0: one call per request",
+    )
     gateway_max_in_flight: int = Field(
         128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
     )

@@ -14,6 +14,7 @@ one JSON log line. It never decides anything: with telemetry off the request pat
 """
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -40,6 +41,7 @@ from rollout import (
 )
 from rollout.budget import RetryBudget
 from serve.batching import RowsDidNotFit
+from serve.coalesce import CallFailed, Coalescer
 from serve.dashboard import DashboardRoutes
 from serve.dashboard import router as dashboard_router
 from serve.errors import (
@@ -100,8 +102,33 @@ _OVERRIDES = {
 }
 
 
+def _timed_out(arm: Arm, remaining: float) -> ModelTimeout:
+    return ModelTimeout(f"the {arm.value} model did not answer within {remaining:.2f} s")
+
+
+def _model_error(arm: Arm, exc: Exception) -> GatewayError:
+    """What a failed model call means for the client: the arm's queue is full (503), the
+    request's inputs did not fit even alone (413), or the arm failed (a replica error or
+    death, or the request's own failure inside a coalesced call): the arm, not the client."""
+    if isinstance(exc, BackPressureError):
+        return Overloaded(f"the {arm.value} model's queue is full; retry later")
+    cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
+    if isinstance(cause, RowsDidNotFit):
+        return InputTooLarge(str(cause))
+    kind = cause.kind if isinstance(cause, CallFailed) else type(exc).__name__
+    log.warning("%s model call failed: %s", arm.value, kind)
+    return ModelFailed(f"the {arm.value} model failed: {kind}")
+
+
 def server_timing(stages: dict[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.3f}" for name, ms in stages.items())
+
+
+def batch_timing(batch: dict) -> str:
+    """The batch the request rode in: its requests and inputs, and how many requests shared
+    the gateway's call to the model (serve.coalesce; 1 without coalescing)."""
+    return (f', batch;desc="requests={batch["requests"]} items={batch["items"]} '
+            f'call={batch.get("call", 1)}"')
 
 
 @serve.deployment(name="gateway")
@@ -126,6 +153,12 @@ class Gateway(DashboardRoutes):
         self.idempotency = Idempotency(settings)
         self.in_flight = 0
         self.shadow = Shadow(settings, self._remote, self.telemetry)
+        self.coalescers = {  # concurrent requests per arm go as one model call (serve.coalesce)
+            arm: Coalescer(functools.partial(self._send, arm),
+                           calls=settings.gateway_coalesce_calls,
+                           max_items=settings.max_batch_size)
+            for arm in self.handles
+        } if settings.gateway_coalesce_calls else None
         self.retry_budget = RetryBudget(
             ratio=settings.retry_budget_ratio, min_per_s=settings.retry_budget_min_per_s
         )
@@ -234,8 +267,7 @@ class Gateway(DashboardRoutes):
         headers = {
             **id_headers(rid, incoming),
             "X-Canary-Arm": result["arm"],
-            "Server-Timing": server_timing(timing)
-            + f', batch;desc="requests={result["batch"]["requests"]} items={result["batch"]["items"]}"',
+            "Server-Timing": server_timing(timing) + batch_timing(result["batch"]),
         }
         body = {
             "request_id": rid,
@@ -308,32 +340,47 @@ class Gateway(DashboardRoutes):
         if remaining <= 0:
             raise ModelTimeout(f"no time left for the {arm.value} model within the deadline")
         with obs.call(arm.value) as call:
-            result = await self._remote(arm, texts, task, remaining, call.carrier)
+            if self.coalescers is None:
+                result = await self._remote(arm, texts, task, remaining, call.carrier)
+            else:
+                result = await self._coalesced(arm, texts, task, remaining, call.carrier)
             call.answered(result)
             return result
 
     async def _remote(
         self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
     ) -> dict:
+        """One model call for one request (also the shadow's way to the other arm)."""
         response = self.handles[arm].predict.remote(texts, task, carrier)
         try:
             return await asyncio.wait_for(response, timeout=remaining)
         except TimeoutError:
             response.cancel()
-            raise ModelTimeout(
-                f"the {arm.value} model did not answer within {remaining:.2f} s"
-            ) from None
-        except BackPressureError:
-            raise Overloaded(f"the {arm.value} model's queue is full; retry later") from None
+            raise _timed_out(arm, remaining) from None
         except asyncio.CancelledError:
             response.cancel()
             raise
-        except Exception as exc:  # a replica error or death: the arm failed, not the client
-            cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
-            if isinstance(cause, RowsDidNotFit):
-                raise InputTooLarge(str(cause)) from None
-            log.warning("%s model call failed: %s", arm.value, type(exc).__name__)
-            raise ModelFailed(f"the {arm.value} model failed: {type(exc).__name__}") from None
+        except Exception as exc:
+            raise _model_error(arm, exc) from None
+
+    async def _coalesced(
+        self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
+    ) -> dict:
+        """This request's answer from a model call it may share (serve.coalesce)."""
+        try:
+            return await self.coalescers[arm].call((texts, task, carrier), remaining)
+        except TimeoutError:
+            raise _timed_out(arm, remaining) from None
+        except Exception as exc:
+            raise _model_error(arm, exc) from None
+
+    async def _send(self, arm: Arm, calls: list[tuple]) -> list:
+        response = self.handles[arm].predict_many.remote(calls)
+        try:
+            return await response
+        except asyncio.CancelledError:  # every request of the call has gone
+            response.cancel()
+            raise
 
     @api.get("/v1/rollout")
     async def rollout_state(self) -> dict:

@@ -22,6 +22,7 @@ from ray import serve
 
 from rollout.settings import Settings
 from serve.batching import RowsDidNotFit, run_budgeted
+from serve.coalesce import CallFailed
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
 from serve.variants import Encoded, Variant
@@ -52,6 +53,12 @@ class _Forwarded:
     batch_start: float
     forward_start: float
     forward_end: float
+
+
+def _carried(exc: BaseException) -> Exception:
+    if isinstance(exc, RowsDidNotFit):
+        return exc
+    return CallFailed(type(exc).__name__, str(exc))
 
 
 def _ms(seconds: float) -> float:
@@ -187,6 +194,18 @@ class ModelServer:
                 "postprocess": _ms(marks.done - marks.post_start),
             },
         }
+
+    async def predict_many(self, calls: list[tuple]) -> list[dict | Exception]:
+        """Requests coalesced by a gateway (serve.coalesce): each `(texts, task, trace)` is
+        answered as `predict` answers it alone, in the same queue and batches; a request's
+        failure comes back in its place (inputs that did not fit as `RowsDidNotFit`, anything
+        else as `CallFailed`), so it fails that request only."""
+        answers = await asyncio.gather(*(self.predict(*call) for call in calls),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, dict):
+                answer["batch"]["call"] = len(calls)  # requests that shared the gateway's call
+        return [_carried(a) if isinstance(a, BaseException) else a for a in answers]
 
     def _spans(self, carrier, clock, marks, texts, task, queue_length, forwarded, error=None):
         batch = None if forwarded is None else {

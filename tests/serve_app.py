@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from rollout import Rollout, RolloutState, Settings, Traces, Windows, open_store, open_telemetry
+from serve import ray_env
 from tests.servers import RedisServer, free_port
 from tests.tiny_model import make_tiny_encoder
 
@@ -124,6 +125,7 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         # model calls or batch sizes must not see them
         "shadow_share": 0.0, **overrides,
     })
+    ray_env.apply(throwaway=True)  # the production ingress (HAProxy, Serve's throughput mode)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build(settings), name="canary", route_prefix="/")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ops.bench import endtoend, pipeline, report, target
 from ops.bench.endtoend import BenchError
+from serve import ray_env
 
 
 def _ints(text: str) -> list[int]:
@@ -174,6 +175,9 @@ def run(args, say) -> dict:
         "max_batch_size": settings.max_batch_size, "batch_wait_ms": settings.batch_wait_ms,
         "replica_threads": settings.threads_per_model(), "inprocess_threads": None,
         "mode": "url" if url else "local app",
+        # Ray's own environment of the local app (serve.ray_env); unknown for a URL
+        "ray_env": None if url else {k: v for k, v in ray_env.apply(dict(os.environ)).items()
+                                     if k in ray_env.RAY_ENV},
         "settings": dict(args.settings), "seconds": args.seconds,
     }, "memory": {}}
     if not args.no_inprocess:

@@ -36,6 +36,13 @@ def _best_under(levels: list[dict], bound: float) -> float | None:
     return max(fits) if fits else None
 
 
+def _ray_env(meta: dict) -> str:
+    found = meta.get("ray_env")
+    if not found:
+        return "unknown (a running gateway)" if meta.get("mode") == "url" else "Serve's defaults"
+    return ", ".join(f"`{k}={v}`" for k, v in sorted(found.items()))
+
+
 def bottleneck(level: dict) -> dict:
     stages = level["stages_ms"]
     cost = {
@@ -109,7 +116,8 @@ def markdown(result: dict) -> str:
            f"{meta['inputs_per_request']} input(s) per request, max_batch_size "
            f"{meta['max_batch_size']}, batch_wait_ms {meta['batch_wait_ms']}, torch threads "
            f"{meta['replica_threads']} per model replica and {meta['inprocess_threads']} in "
-           f"process; settings {meta['settings'] or 'default'}.", ""]
+           f"process; settings {meta['settings'] or 'default'}; Ray environment "
+           f"{_ray_env(meta)}.", ""]
     if result.get("inprocess"):
         out += ["In process (tokenize + forward + postprocess, no server):", "",
                 "| arm | recipe | batch | inputs/s | p50 ms / batch | tokenize ms | forward ms "

@@ -69,8 +69,10 @@ def local_app(settings: Settings) -> Iterator[str]:
     import ray
     from ray import serve
 
+    from serve import ray_env
     from serve.config import build
 
+    ray_env.apply(throwaway=True)  # as ops/run.sh runs it, unless the environment says otherwise
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
     try:
         port = free_port()

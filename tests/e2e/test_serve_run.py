@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from rollout import Settings
+from serve import ray_env
 from serve.variants import recipe_for
 from tests.servers import RedisServer
 
@@ -53,6 +54,7 @@ def served(tmp_path_factory):
             pass
     redis = RedisServer().start()
     env = dict(os.environ, REDIS_URL=redis.url, PATH=f"{BIN}:{os.environ['PATH']}")
+    ray_env.apply(env, throwaway=True)  # what ops/run.sh exports before `serve run`
     log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
     started = time.monotonic()
     proc = subprocess.Popen(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -195,6 +196,36 @@ def test_batching_limits_change_live(gw):
         responses = list(pool.map(lambda i: gw.predict([f"t{i}"]), range(16)))
     assert all(r.status_code == 200 for r in responses)
     assert all('requests=1 ' in r.headers["server-timing"] for r in responses)
+
+
+def _shared(response) -> int:
+    return int(re.search(r"call=(\d+)", response.headers["server-timing"]).group(1))
+
+
+def test_concurrent_requests_share_model_calls_and_each_gets_its_own_answer(gw):
+    texts = [f"request number {i} about {topic}" for i, topic in
+             enumerate(["football", "elections", "markets", "vaccines", "films", "chips"])]
+    alone = {t: gw.predict([t]).json()["outputs"][0] for t in texts}
+    # one call open per arm, each batch slowed: requests arriving meanwhile wait and go together
+    gw.redeploy({"baseline": {"fault_delay_ms": 300}}, gateway_coalesce_calls=1)
+    with ThreadPoolExecutor(len(texts)) as pool:
+        responses = list(pool.map(lambda t: gw.predict([t]), texts))
+    assert [r.status_code for r in responses] == [200] * len(texts)
+    assert max(_shared(r) for r in responses) > 1
+    for text, response in zip(texts, responses, strict=True):
+        got = response.json()["outputs"][0]
+        assert got["label"] == alone[text]["label"]
+        assert got["scores"] == pytest.approx(alone[text]["scores"], abs=1e-4)
+
+
+def test_without_coalescing_every_request_is_its_own_model_call(gw):
+    gw.redeploy({"baseline": {"fault_delay_ms": 300}}, gateway_coalesce_calls=0)
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda i: gw.predict([f"t{i}"]), range(6)))
+    assert [r.status_code for r in responses] == [200] * 6
+    assert [_shared(r) for r in responses] == [1] * 6
+    assert max(int(re.search(r"requests=(\d+)", r.headers["server-timing"]).group(1))
+               for r in responses) > 1  # the model replica still batches them
 
 
 BAD_422 = [
