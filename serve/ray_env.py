@@ -15,7 +15,7 @@ process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests
   Python proxy actor no longer relays every request over a Ray call.
 
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
-about 7.9 ms to 3.3 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
+6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
 
 `python -m serve.ray_env` prints them as shell `export` lines (what `ops/run.sh` evaluates);
 `--reap` stops HAProxy processes that a killed cluster left behind.

@@ -219,6 +219,7 @@ def _levels(args, settings, url, texts, say, app=None):
             found[arm] = []
             for c in args.concurrency:
                 used, began = target.replica_cpu_s(app), time.monotonic()
+                client = time.process_time()  # the load generator: this process
                 level = endtoend.load(url, texts, c, seconds=args.seconds, warmup=args.warmup,
                                       per_request=args.inputs_per_request, task=args.task,
                                       timeout=args.timeout)
@@ -228,6 +229,9 @@ def _levels(args, settings, url, texts, say, app=None):
                     name: round((spent[name] - used.get(name, 0.0)) / elapsed * 1000
                                 / level["rps"], 3)
                     for name in spent if level["rps"]}
+                if level["rps"]:
+                    level["client_cpu_ms_per_request"] = round(
+                        (time.process_time() - client) / elapsed * 1000 / level["rps"], 3)
                 found[arm].append(level)
                 say(f"gateway {arm} c={c}: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, "
                     f"p99 {level['p99_ms']} ms, answered by {level['arms']}, "

@@ -167,11 +167,14 @@ def markdown(result: dict) -> str:
            if lv.get("cpu_ms_per_request")]
     if cpu:
         names = sorted({n for _, lv in cpu for n in lv["cpu_ms_per_request"]})
-        out += ["", "Replica CPU per answered request (ms; from /proc, local app only; the "
-                "proxy is not included):", "", "| arm | conc. | " + " | ".join(names) + " |",
-                "| --- " * (len(names) + 2) + "|"]
+        out += ["", "CPU per answered request (ms; replicas from /proc, local app only; the "
+                "load generator is the benchmark process, on the same cores; the proxy is not "
+                "included):", "",
+                "| arm | conc. | " + " | ".join(names) + " | load generator |",
+                "| --- " * (len(names) + 3) + "|"]
         out += [f"| {arm} | {lv['concurrency']} | "
-                + " | ".join(_f(lv["cpu_ms_per_request"].get(n), 2) for n in names) + " |"
+                + " | ".join(_f(lv["cpu_ms_per_request"].get(n), 2) for n in names)
+                + f" | {_f(lv.get('client_cpu_ms_per_request'), 2)} |"
                 for arm, lv in cpu]
     mem = result.get("memory", {})
     if mem:

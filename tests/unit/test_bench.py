@@ -75,9 +75,18 @@ def test_report_derives_efficiency_latency_bottleneck_and_chart(inprocess, tmp_p
     assert base["bottleneck"]["per_request_ms"]["model"] == pytest.approx(10.0)
     assert summary["speedup"]["saturation"] == pytest.approx(2.0)
     assert summary["speedup"]["at_p99_bound"]["ratio"] == pytest.approx(2.0)
+    result["meta"]["ray_env"] = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+                                 "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    level = result["gateway"]["optimized"][1]
+    level["cpu_ms_per_request"] = {"gateway": 2.05, "optimized": 9.8}
+    level["client_cpu_ms_per_request"] = 1.94
     result["summary"] = summary
     table = report.markdown(result)
     assert "| baseline | 8 |" in table and "model (10.00 ms of each request)" in table
+    assert ("Ray environment `RAY_SERVE_ENABLE_HA_PROXY=1`, `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`"
+            in table)
+    assert "| gateway | optimized | load generator |" in table
+    assert "| optimized | 8 | 2.05 | 9.80 | 1.94 |" in table
     report.chart(result, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
