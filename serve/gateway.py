@@ -2,7 +2,8 @@
 
 One request: parse and validate the body (422/413) -> decide the arm from the cached rollout
 state (never a Redis call on this path) -> call that arm's model deployment with the request's
-deadline -> if the *optimized* arm fails or times out, retry once on baseline within what is left
+deadline (a call that concurrent requests for the arm may share: serve.coalesce) -> if the
+*optimized* arm fails or times out, retry once on baseline within what is left
 of the deadline (`fallback: true`); a baseline failure is never retried onto the canary ->
 respond with `X-Request-ID`, `X-Canary-Arm` (the arm that answered) and `Server-Timing`.
 For a share of answered requests the other arm is then also asked, off the response path, and

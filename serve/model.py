@@ -7,6 +7,8 @@ next requests overlaps the forward) -> postprocess back on the event loop. Every
 how long each stage took, how large its batch was and how many requests were queued ahead of it
 (`queue`: requests waiting in this replica for a batch when it joined). Given the caller's trace
 carrier, the replica records its spans into that trace afterwards (serve.tracing).
+`predict_many` takes the requests a gateway sent together (serve.coalesce) down the same path,
+each on its own.
 """
 
 from __future__ import annotations
