@@ -30,6 +30,8 @@ import time
 
 import httpx
 
+from serve.ray_env import free_port
+
 TEXTS = ["The new GPU doubles inference speed", "A late goal decides the derby",
          "Parliament passes the budget", "Shares fall after the earnings call"]
 
@@ -163,12 +165,6 @@ def report(summary: dict, workers: int) -> str:
     return "\n".join(lines)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def local_phases(model_path: str | None, same: bool = False):
@@ -185,7 +181,7 @@ def local_phases(model_path: str | None, same: bool = False):
     overrides = {"model_path": model_path} if model_path else {}
     base = Settings(gateway_num_cpus=0.25, model_num_cpus=0.25, **overrides)
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     for on_app, off_app in (("a", "b"), ("b", "a")):
         for app in ("a", "b"):

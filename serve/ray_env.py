@@ -60,14 +60,15 @@ def apply(environ: MutableMapping[str, str] = os.environ, *, throwaway: bool = F
         environ.setdefault(name, value)
     if throwaway:
         for name in HAPROXY_PORTS:
-            environ[name] = str(_free_port())
+            environ[name] = str(free_port())
     return {name: environ[name] for name in (*RAY_ENV, *HAPROXY_PORTS) if name in environ}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    """A TCP port free on loopback now, for a throwaway server (tests, benchmarks)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def orphaned_haproxies(proc: Path = Path("/proc")) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -13,12 +12,7 @@ from pathlib import Path
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
+from serve.ray_env import free_port
 
 ACL_FILE = Path(__file__).resolve().parents[1] / "ops" / "redis-users.acl"
 ACL_PASSWORDS = {"operator": "change-me-operator", "gateway": "change-me-gateway",

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import httpx
 
 from ops.bench.endtoend import BenchError
-from ops.overhead import _free_port as free_port
 from rollout import BUCKETS, Rollout, RolloutError, Settings, open_store
+from serve.ray_env import free_port
 
 ACTOR = "bench"
 APP = "bench"  # the local app's Serve application name
