@@ -23,7 +23,7 @@ control store are made on first use.
 from __future__ import annotations
 
 import asyncio
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -75,37 +75,31 @@ async def _body(request: Request, limit: int) -> bytes:
 class DashboardRoutes:
     """Mixin of the gateway deployment; see the module docstring."""
 
+    @cached_property
     def _readings(self) -> Readings:
-        readings = getattr(self, "_dashboard_readings", None)
-        if readings is None:
-            readings = Readings(self.settings, self.store, open_telemetry(self.settings))
-            self._dashboard_readings = readings
-        return readings
+        return Readings(self.settings, self.store, open_telemetry(self.settings))
 
+    @cached_property
     def _ramp_reader(self) -> RampControl:
-        reader = getattr(self, "_dashboard_ramps", None)
-        if reader is None:
-            reader = RampControl(self.store, open_ramp_store(self.settings))
-            self._dashboard_ramps = reader
-        return reader
+        return RampControl(self.store, open_ramp_store(self.settings))
 
+    @cached_property
     def _control_store(self):
         """The write-capable state store (control connection), opened on first use."""
-        store = getattr(self, "_dashboard_control", None)
-        if store is None:
-            store = open_store(self.settings.control_settings())
-            self._dashboard_control = store
-        return store
+        return open_store(self.settings.control_settings())
 
+    @cached_property
     def _control_ramps(self):
-        ramps = getattr(self, "_dashboard_control_ramps", None)
-        if ramps is None:
-            ramps = open_ramp_store(self.settings.control_settings())
-            self._dashboard_control_ramps = ramps
-        return ramps
+        return open_ramp_store(self.settings.control_settings())
+
+    async def _operator_request(self, request: Request) -> tuple[bytes, str | None]:
+        """An action's body (bounded) and client address, once the operator token checks out."""
+        authorize(self.settings.operator_token, request.headers.get("authorization"))
+        body = await _body(request, MAX_BODY)
+        return body, request.client.host if request.client else None
 
     def _actions(self) -> Actions:
-        return Actions(Rollout(self._control_store()))
+        return Actions(Rollout(self._control_store))
 
     @router.get("/dashboard", include_in_schema=False)
     async def dashboard_page(self) -> Response:
@@ -120,7 +114,7 @@ class DashboardRoutes:
 
     @router.get("/v1/status")
     async def dashboard_status(self) -> dict:
-        doc = await asyncio.to_thread(self._readings().status)
+        doc = await asyncio.to_thread(self._readings.status)
         return {**doc, "routing": await self.rollout_state(),
                 "actions": self.settings.operator_token is not None}
 
@@ -129,26 +123,26 @@ class DashboardRoutes:
         query = request.query_params
         last_s = bounded_int(query.get("last_s"), "last_s", 3_600, 1, 86_400)
         step_s = bounded_int(query.get("step_s"), "step_s", 60, 1, 86_400)
-        return await asyncio.to_thread(self._readings().series, last_s, step_s)
+        return await asyncio.to_thread(self._readings.series, last_s, step_s)
 
     @router.get("/v1/audit")
     async def dashboard_audit(self, request: Request) -> dict:
         last = bounded_int(request.query_params.get("last"), "last", 50, 1, 500)
-        return {"entries": await asyncio.to_thread(self._readings().audit, last)}
+        return {"entries": await asyncio.to_thread(self._readings.audit, last)}
 
     @router.get("/v1/traces")
     async def dashboard_traces(self, request: Request) -> dict:
         last = bounded_int(request.query_params.get("last"), "last", 20, 1, 200)
-        return {"traces": await asyncio.to_thread(self._readings().traces, last)}
+        return {"traces": await asyncio.to_thread(self._readings.traces, last)}
 
     @router.get("/v1/traces/{trace_id}")
     async def dashboard_trace(self, trace_id: str) -> dict:
-        return await asyncio.to_thread(self._readings().trace, trace_id)
+        return await asyncio.to_thread(self._readings.trace, trace_id)
 
     @router.get("/v1/ramp")
     async def dashboard_ramp(self) -> dict:
-        readings = self._readings()
-        control = self._ramp_reader()
+        readings = self._readings
+        control = self._ramp_reader
         return await asyncio.to_thread(
             readings.memo.get, "ramp", RAMP_TTL_S, lambda: ramp_status(control))
 
@@ -156,21 +150,17 @@ class DashboardRoutes:
     async def dashboard_ramp_action(self, action: str, request: Request) -> dict:
         if action not in RAMP_ACTIONS:
             raise NotFound(f"no ramp action {action!r} ({', '.join(RAMP_ACTIONS)})")
-        authorize(self.settings.operator_token, request.headers.get("authorization"))
-        body = await _body(request, MAX_BODY)
-        client = request.client.host if request.client else None
-        control = RampControl(self._control_store(), self._control_ramps())
+        body, client = await self._operator_request(request)
+        control = RampControl(self._control_store, self._control_ramps)
         answer = await asyncio.to_thread(ramp_action, control, action, body, client)
-        self._readings().changed()
+        self._readings.changed()
         return answer
 
     @router.post("/v1/rollout/{kind}")
     async def dashboard_action(self, kind: str, request: Request) -> dict:
         if kind not in ("canary", "kill", "unkill"):
             raise NotFound(f"no rollout action {kind!r} (canary, kill, unkill)")
-        authorize(self.settings.operator_token, request.headers.get("authorization"))
-        body = await _body(request, MAX_BODY)
-        client = request.client.host if request.client else None
+        body, client = await self._operator_request(request)
         answer = await asyncio.to_thread(self._actions().run, kind, body, client)
-        self._readings().changed()
+        self._readings.changed()
         return answer
