@@ -52,7 +52,8 @@ def _never_raises(method):
     return guarded
 
 
-def _outcome(exc: BaseException | None) -> str:
+def call_outcome(exc: BaseException | None) -> str:
+    """A model call's outcome label (metrics, spans): ok, timeout, overloaded or error."""
     if exc is None:
         return "ok"
     if isinstance(exc, ModelTimeout):
@@ -117,7 +118,7 @@ class _Call:
     @_never_raises
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.obs.metrics.inflight.add(-1, {"arm": self.arm})
-        outcome = _outcome(exc)
+        outcome = call_outcome(exc)
         if outcome == "ok" and self.result is not None:
             attempt = attempt_from(self.arm, self.result, self.items, self.obs.metrics.price)
             self.span.set_attribute("canary.batch.requests", attempt.batch_requests)

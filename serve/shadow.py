@@ -42,7 +42,7 @@ from rollout.clock import Clock, SystemClock
 from rollout.policy import Arm, Reason
 from rollout.settings import Settings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
-from serve.errors import ModelTimeout, Overloaded
+from serve.observe import call_outcome
 from serve.telemetry import Telemetry
 
 log = logging.getLogger("canary.shadow")
@@ -75,13 +75,9 @@ class ShadowMetrics:
 
 
 def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, ModelTimeout):
-        return "timeout"
-    if isinstance(exc, Overloaded):
-        return "overloaded"
-    if isinstance(exc, ShadowMismatch):
-        return "mismatch"
-    return "error"
+    """A failed shadow call's outcome: a model call's (serve.observe), or `mismatch` when the
+    two answers could not be compared."""
+    return "mismatch" if isinstance(exc, ShadowMismatch) else call_outcome(exc)
 
 
 class Shadow:
@@ -96,8 +92,11 @@ class Shadow:
         self.clock = clock or SystemClock()
         self.enabled = settings.shadow_share > 0 and telemetry.enabled
         self.metrics = ShadowMetrics(telemetry.meter)
-        self.active = 0
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task] = set()  # shadow calls running
+
+    @property
+    def active(self) -> int:
+        return len(self.tasks)
 
     def offer(self, *, answered: Arm, result: Mapping, texts: list[str], task: str,
               in_flight: int, override: Reason | None, parent=None) -> str:
@@ -116,7 +115,6 @@ class Shadow:
                 or self.active >= settings.shadow_max_concurrency):
             self._record(target, "shed", shadow_fields(shed=1))
             return "shed"
-        self.active += 1
         job = asyncio.get_running_loop().create_task(
             self._run(target, answered, result, list(texts), task, parent))
         self.tasks.add(job)
@@ -124,7 +122,6 @@ class Shadow:
         return "started"
 
     def _done(self, job: asyncio.Task) -> None:
-        self.active -= 1
         self.tasks.discard(job)
 
     async def _run(self, target: Arm, answered: Arm, result: Mapping, texts: list[str],
