@@ -42,6 +42,15 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+async def _slot_taken():
+    """A coalescer with one call slot, taken by an open call for "x": (send, coalescer, x)."""
+    send = ScriptedSend()
+    c = Coalescer(send, calls=1, max_items=16)
+    busy = asyncio.create_task(c.call("x", timeout=5))
+    await _settle()
+    return send, c, busy
+
+
 def test_a_lone_request_is_sent_at_once_alone():
     async def main():
         send = ScriptedSend()
@@ -95,15 +104,12 @@ def test_a_full_call_is_sent_even_with_every_slot_open_and_calls_are_capped():
 
 def test_a_failed_call_fails_each_of_its_requests_and_only_those():
     async def main():
-        send = ScriptedSend()
-        c = Coalescer(send, calls=1, max_items=16)
-        a = asyncio.create_task(c.call("a", timeout=5))
-        await _settle()
+        send, c, busy = await _slot_taken()
         rest = [asyncio.create_task(c.call(x, timeout=5)) for x in ("b", "c")]
         await _settle()
         send.fail(0, ConnectionError("replica died"))
         with pytest.raises(ConnectionError):
-            await a
+            await busy
         await _settle()
         send.answer(1)
         assert await asyncio.gather(*rest) == ["answer:b", "answer:c"]
@@ -112,10 +118,7 @@ def test_a_failed_call_fails_each_of_its_requests_and_only_those():
 
 def test_one_requests_failure_inside_a_call_is_its_own():
     async def main():
-        send = ScriptedSend()
-        c = Coalescer(send, calls=1, max_items=16)
-        busy = asyncio.create_task(c.call("x", timeout=5))
-        await _settle()
+        send, c, busy = await _slot_taken()
         tasks = [asyncio.create_task(c.call(x, timeout=5)) for x in ("a", "b", "c")]
         await _settle()
         send.answer(0)
@@ -129,10 +132,7 @@ def test_one_requests_failure_inside_a_call_is_its_own():
 
 def test_a_wrong_number_of_answers_fails_the_call_instead_of_misdelivering():
     async def main():
-        send = ScriptedSend()
-        c = Coalescer(send, calls=1, max_items=16)
-        busy = asyncio.create_task(c.call("x", timeout=5))
-        await _settle()
+        send, c, busy = await _slot_taken()
         tasks = [asyncio.create_task(c.call(x, timeout=5)) for x in ("a", "b")]
         await _settle()
         send.answer(0)
@@ -147,10 +147,7 @@ def test_a_wrong_number_of_answers_fails_the_call_instead_of_misdelivering():
 
 def test_a_request_past_its_deadline_leaves_while_the_call_goes_on_for_the_others():
     async def main():
-        send = ScriptedSend()
-        c = Coalescer(send, calls=1, max_items=16)
-        busy = asyncio.create_task(c.call("x", timeout=5))
-        await _settle()
+        send, c, busy = await _slot_taken()
         short = asyncio.create_task(c.call("short", timeout=0.05))
         patient = asyncio.create_task(c.call("patient", timeout=5))
         await _settle()
@@ -168,10 +165,7 @@ def test_a_request_past_its_deadline_leaves_while_the_call_goes_on_for_the_other
 
 def test_a_request_that_times_out_while_waiting_is_never_sent():
     async def main():
-        send = ScriptedSend()
-        c = Coalescer(send, calls=1, max_items=16)
-        busy = asyncio.create_task(c.call("x", timeout=5))
-        await _settle()
+        send, c, busy = await _slot_taken()
         with pytest.raises(TimeoutError):
             await c.call("late", timeout=0.02)
         assert c.waiting == 0
