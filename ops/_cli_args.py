@@ -118,11 +118,12 @@ _COMMANDS = {
         "prove the optimized model on the regression set (agreement, flips, speed, memory)",
         "Load the baseline and the optimized variant in this process, run the regression set\n"
         "through both and report top-1 agreement with its 95% Wilson interval, the flipped\n"
-        "inputs with both margins, agreement by baseline margin, embedding cosine, accuracy on\n"
-        "labelled inputs, throughput at several batch sizes with the speedup, and memory.\n"
-        "The verdict is stored in Redis against the two versions. Exits 1 when a threshold\n"
-        "(CANARY_VERIFY_MIN_*) is not met. Loading the models takes seconds; the accuracy-aware\n"
-        "recipe computes its plan once (about a minute) and caches it.",
+        "inputs with both margins (confident flips, at a baseline margin >= 0.05, apart),\n"
+        "agreement by baseline margin, embedding cosine, accuracy on labelled inputs,\n"
+        "throughput at several batch sizes on length-sorted (served) and set-order batches,\n"
+        "and memory. The verdict is stored in Redis against the two versions. Exits 1 when a\n"
+        "threshold (CANARY_VERIFY_*) is not met. Loading the models takes seconds; the\n"
+        "accuracy-aware recipe computes its plan once (about a minute) and caches it.",
         "examples:\n  rollout verify\n  rollout verify --recipe bf16 --limit 500 --no-store\n"
         "  rollout verify --recipe accuracy-aware --json | jq .agreement_lower_bound\n"
         "  rollout verify --set my-inputs.jsonl   # one JSON object per line: text, label?",
@@ -188,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--no-speed", action="store_true",
                         help="skip the throughput and memory measurement (and the speedup gate)")
     verify.add_argument("--sorted", action="store_true",
-                        help="time length-sorted batches instead of batches in set order")
+                        help="no-op, kept for old scripts: speed is always timed on "
+                             "length-sorted batches (the gated speedup) and in set order")
     verify.add_argument("--no-store", action="store_true", help="do not store the verdict")
     verify.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sub["audit"].add_argument("--last", metavar="N", type=_positive,

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from ops._cli_format import one_line, table
-from rollout.agreement import Summary
+from rollout.agreement import Pair, Summary
 
-SHOW_FLIPS = 20
+SHOW_FLIPS = 20  # confident flips shown in the table (all of them are in --json)
+SHOW_NEAR_TIES = 10  # near-tie flips shown
 
 
 def _pct(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}%"
 
 
+def _flip(report, p: Pair) -> dict:
+    labels = report.baseline.labels
+    return {"index": p.index, "text": report.regression.texts[p.index],
+            "baseline": labels[p.baseline], "baseline_margin": p.baseline_margin,
+            "optimized": labels[p.optimized], "optimized_margin": p.optimized_margin,
+            "cosine": p.cosine}
+
+
 def document(report, verdict, thresholds, stored: bool) -> dict:
     """The `--json` object: every figure of the table, plus all flips."""
     s: Summary = report.summary
-    labels = report.baseline.labels
     plan = report.optimized.plan
-    texts = report.regression.texts
     return {
         "baseline_version": report.baseline.version,
         "optimized_version": report.optimized.version,
@@ -34,14 +41,15 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
             "lower_bound": report.held_out.lower_bound},
         "cosine": None if s.cosine is None else vars(s.cosine),
         "accuracy": s.accuracy,
+        "accuracy_drop": s.accuracy_drop,
         "buckets": [{"margin": b.label, "n": b.n, "agree": b.agree, "agreement": b.agreement}
                     for b in s.buckets],
-        "flips": [{"index": p.index, "text": texts[p.index],
-                   "baseline": labels[p.baseline], "baseline_margin": p.baseline_margin,
-                   "optimized": labels[p.optimized], "optimized_margin": p.optimized_margin,
-                   "cosine": p.cosine} for p in s.flips],
+        "min_margin": s.min_margin,
+        "confident_flips": [_flip(report, p) for p in s.confident],
+        "flips": [_flip(report, p) for p in s.flips],
         "throughput": report.throughput,
         "speedup": report.speedup,
+        "speedup_set_order": report.speedup_set_order,
         "memory": report.memory,
         "thresholds": thresholds.model_dump(),
         "passed": verdict.passed,
@@ -52,8 +60,6 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
 
 def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
     s: Summary = report.summary
-    labels = report.baseline.labels
-    texts = report.regression.texts
     labelled = sum(e.label is not None for e in report.regression.examples)
     lines = [
         f"baseline   {report.baseline.version}",
@@ -77,26 +83,13 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
     if s.accuracy:
         a = s.accuracy
         lines.append(f"accuracy         baseline {_pct(a['baseline'], 1)}  optimized "
-                     f"{_pct(a['optimized'], 1)}  ({a['n']} labelled)")
+                     f"{_pct(a['optimized'], 1)}  drop {_pct(s.accuracy_drop)}  "
+                     f"({a['n']} labelled)")
     lines += ["", "by baseline margin:"]
     lines += table(("MARGIN", "N", "AGREE", "AGREEMENT"),
                    [(b.label, str(b.n), str(b.agree), _pct(b.agreement)) for b in s.buckets])
-    if s.flips:
-        shown = s.flips[:SHOW_FLIPS]
-        lines += ["", f"flips: {len(s.flips)}"
-                      + (f" (the {len(shown)} with the largest baseline margin)"
-                         if len(shown) < len(s.flips) else "")]
-        lines += table(("#", "BASELINE (MARGIN)", "OPTIMIZED (MARGIN)", "TEXT"), [
-            (str(p.index), f"{labels[p.baseline]} ({p.baseline_margin:.4f})",
-             f"{labels[p.optimized]} ({p.optimized_margin:.4f})", _clip(texts[p.index]))
-            for p in shown])
-    if report.throughput:
-        order = "length-sorted" if report.sorted_speed else "in set order"
-        lines += ["", f"throughput, seq/s ({report.throughput[0]['inputs']} inputs {order}, "
-                      "tokenizer included, best of 3 interleaved rounds):"]
-        lines += table(("BATCH", "BASELINE", "OPTIMIZED", "SPEEDUP"), [
-            (str(r["batch"]), f"{r['baseline']:.1f}", f"{r['optimized']:.1f}",
-             f"{r['speedup']:.2f}x") for r in report.throughput])
+    lines += _flips(report, s)
+    lines += _throughput(report)
     if report.memory:
         b, o = report.memory["baseline"], report.memory["optimized"]
         lines += ["", "memory, MiB:"]
@@ -104,13 +97,57 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
             ("weights", f"{b['weights_mib']:.1f}", f"{o['weights_mib']:.1f}"),
             (f"peak growth, batch {b['batch']}", f"{b['peak_mib']:.1f}", f"{o['peak_mib']:.1f}"),
         ])
-    rule = (f"agreement >= {thresholds.min_agreement}, lower bound >= "
-            f"{thresholds.min_lower_bound}, speedup >= {thresholds.min_speedup}x at batch "
-            f"{speed_batch}")
-    if thresholds.min_cosine_p1 > -1:
-        rule += f", cosine p1 >= {thresholds.min_cosine_p1}"
     outcome = "PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.failures)
-    return lines + ["", f"verdict: {outcome}", f"  ({rule})"]
+    return lines + ["", f"verdict: {outcome}", *_rule(thresholds, speed_batch)]
+
+
+def _flips(report, s: Summary) -> list[str]:
+    """The confident flips (the damage the gate counts), then the near-tie ones."""
+    lines = ["", f"confident flips (baseline margin >= {s.min_margin:g}): {len(s.confident)}"]
+    lines += _flip_table(report, s.confident, SHOW_FLIPS)
+    near = [p for p in s.flips if p.baseline_margin < s.min_margin]
+    if near:
+        lines += ["", f"near-tie flips (baseline margin < {s.min_margin:g}): {len(near)}"]
+        lines += _flip_table(report, near, SHOW_NEAR_TIES)
+    return lines
+
+
+def _flip_table(report, flips: list[Pair], show: int) -> list[str]:
+    if not flips:
+        return []
+    labels, texts = report.baseline.labels, report.regression.texts
+    lines = table(("#", "BASELINE (MARGIN)", "OPTIMIZED (MARGIN)", "TEXT"), [
+        (str(p.index), f"{labels[p.baseline]} ({p.baseline_margin:.4f})",
+         f"{labels[p.optimized]} ({p.optimized_margin:.4f})", _clip(texts[p.index]))
+        for p in flips[:show]])
+    if len(flips) > show:
+        lines.append(f"... and {len(flips) - show} more with smaller baseline margins (--json "
+                     "lists all)")
+    return lines
+
+
+def _throughput(report) -> list[str]:
+    if not report.throughput:
+        return []
+    lines = ["", f"throughput, seq/s ({report.throughput[0]['inputs']} inputs, tokenizer "
+                 "included, best of 3 interleaved rounds),",
+             "served as length-sorted batches (the gated speedup) and in set order (compare):"]
+    return lines + table(
+        ("BATCH", "BASELINE", "OPTIMIZED", "SPEEDUP", "SET ORDER: BASELINE", "OPTIMIZED",
+         "SPEEDUP"),
+        [(str(r["batch"]), f"{r['baseline']:.1f}", f"{r['optimized']:.1f}",
+          f"{r['speedup']:.2f}x", f"{r['baseline_set_order']:.1f}",
+          f"{r['optimized_set_order']:.1f}", f"{r['speedup_set_order']:.2f}x")
+         for r in report.throughput])
+
+
+def _rule(t, speed_batch: int) -> list[str]:
+    """Every threshold the verdict applied, in the order it judges them."""
+    return [f"  (confident flips <= {t.max_confident_flips} at baseline margin >= "
+            f"{t.min_margin:g}, accuracy drop <= {t.max_accuracy_drop:g}, agreement >= "
+            f"{t.min_agreement},",
+            f"   lower bound >= {t.min_lower_bound}, cosine p1 >= {t.min_cosine_p1} (encoders), "
+            f"speedup >= {t.min_speedup}x at batch {speed_batch}, served batches)"]
 
 
 def _clip(text: str, width: int = 60) -> str:

@@ -5,16 +5,22 @@ both, and measures, side by side in one run:
 
 - top-1 agreement with its Wilson interval, flips with both margins, agreement by baseline-margin
   bucket, embedding cosine, accuracy on labelled inputs (rollout.agreement);
-- throughput of both variants at each of `verify_batch_sizes`: the same inputs (an evenly spaced
-  sample of the set, in the set's order, so batches mix lengths as served traffic does), the
-  variants interleaved round by round and the best of the rounds kept, so that machine noise hits
-  both alike; the `speedup` is the ratio at `verify_speed_batch`, tokenization included;
+- throughput of both variants at each of `verify_batch_sizes`, on the same inputs (an evenly
+  spaced sample of the set), tokenization included, in two orders:
+  - *served*: length-sorted and cut into batches as the server batches them
+    (serve.batching.served_batches), so a batch is padded to the bucket of similar inputs. The
+    `speedup` the gate judges is this ratio at `verify_speed_batch`;
+  - *set order*: batches as the set lists the inputs, whose width one long input sets (the
+    figure verify reported before, `speedup_set_order`, kept for comparison).
+  Variants and orders are interleaved round by round and the best of the rounds kept, so that
+  machine noise hits all alike;
 - memory of each: the size of its weights as serialized, and the peak resident-set growth while
   it runs the largest batch (peak allocated bytes on CUDA).
 
 The agreement pass batches inputs by length (little padding, as a token-budget batcher would).
-The verdict (thresholds `verify_min_*`) is stored against the two versions. torch and
-transformers are imported here, and this module is only imported by the `verify` command.
+The verdict (rollout.verdict, thresholds from the settings `verify_*`) is stored against the
+two versions. torch and transformers are imported here, and this module is only imported by the
+`verify` command.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 
 from rollout.agreement import Pair, Summary, margins, summarize
 from rollout.settings import Settings
+from serve.batching import served_batches
 from serve.regression import RegressionSet, load_set
 from serve.variants import Variant
 
@@ -44,8 +51,8 @@ class Report:
     held_out: Summary | None
     throughput: list[dict] = field(default_factory=list)
     memory: dict = field(default_factory=dict)
-    speedup: float | None = None
-    sorted_speed: bool = False
+    speedup: float | None = None  # served (length-sorted) batches at verify_speed_batch
+    speedup_set_order: float | None = None  # set-order batches, for comparison
 
 
 class _Bar:
@@ -74,7 +81,7 @@ class _Bar:
 
 
 def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
-        sorted_speed: bool = False, speed: bool = True) -> Report:
+        speed: bool = True) -> Report:
     torch.set_num_threads(settings.threads_per_model(replicas=1))
     bar = _Bar(progress_stream, progress_stream is not None)
     try:
@@ -85,9 +92,9 @@ def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
         bar.stage(f"loading {settings.optimized_recipe}", 1)
         optimized = Variant(settings, "optimized", progress=lambda k, a: bar.step(0))
         bar.step()
-        summary, held_out = _agreement(baseline, optimized, regression, bar)
-        report = Report(baseline, optimized, regression, summary, held_out,
-                        sorted_speed=sorted_speed)
+        summary, held_out = _agreement(baseline, optimized, regression, bar,
+                                       settings.verify_min_margin)
+        report = Report(baseline, optimized, regression, summary, held_out)
         if speed:
             _speed(report, settings, bar)
         return report
@@ -95,7 +102,8 @@ def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
         bar.close()
 
 
-def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet, bar: _Bar):
+def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet, bar: _Bar,
+               min_margin: float):
     texts = regression.texts
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rows = {"baseline": [None] * len(texts), "optimized": [None] * len(texts)}
@@ -121,35 +129,32 @@ def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet,
     held_out = None
     if optimized.plan is not None:
         held = set(regression.held_out())
-        held_out = summarize([p for p in pairs if p.index in held])
-    return summarize(pairs), held_out
+        held_out = summarize([p for p in pairs if p.index in held], min_margin=min_margin)
+    return summarize(pairs, min_margin=min_margin), held_out
 
 
 def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:
     texts = report.regression.texts
     step = max(1, len(texts) // settings.verify_speed_inputs)
     sample = texts[::step][: settings.verify_speed_inputs]
-    if report.sorted_speed:
-        sample = sorted(sample, key=len)
+    lengths = [len(ids) for ids in report.baseline.encode(sample).ids]  # both share a tokenizer
     variants = {"baseline": report.baseline, "optimized": report.optimized}
     sizes = settings.verify_batch_sizes
-    bar.stage("throughput", len(sizes) * rounds * 2)
+    bar.stage("throughput", len(sizes) * rounds * 2 * len(variants))
     for size in sizes:
-        batches = [sample[i:i + size] for i in range(0, len(sample), size)]
-        best = {}
-        for arm, variant in variants.items():  # warm-up: first shapes, lazy init, compilation
-            _pass(variant, batches[:1])
-        for _ in range(rounds):
-            for arm, variant in variants.items():
-                best[arm] = min(best.get(arm, float("inf")), _pass(variant, batches))
-                bar.step()
+        orders = {  # row-key suffix -> batches; served batches carry the plain keys
+            "": [[sample[i] for i in batch] for batch in served_batches(lengths, size)],
+            "_set_order": [sample[i:i + size] for i in range(0, len(sample), size)],
+        }
+        best = _best_times(variants, orders, rounds, bar)
         row = {"batch": size, "inputs": len(sample)}
-        for arm in variants:
-            row[arm] = len(sample) / best[arm]
-        row["speedup"] = row["optimized"] / row["baseline"]
+        for suffix in orders:
+            for arm in variants:
+                row[arm + suffix] = len(sample) / best[arm + suffix]
+            row["speedup" + suffix] = row["optimized" + suffix] / row["baseline" + suffix]
         report.throughput.append(row)
         if size == settings.verify_speed_batch:
-            report.speedup = row["speedup"]
+            report.speedup, report.speedup_set_order = row["speedup"], row["speedup_set_order"]
     largest = [sample[: max(sizes)]]
     for arm, variant in variants.items():
         report.memory[arm] = {
@@ -157,6 +162,23 @@ def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> No
             "peak_mib": _peak_bytes(variant, largest) / 2**20,
             "batch": max(sizes),
         }
+
+
+def _best_times(variants: dict[str, Variant], orders: dict[str, list[list[str]]], rounds: int,
+                bar: _Bar) -> dict[str, float]:
+    """Best-of-`rounds` seconds of one pass over each order's batches, per arm (keyed
+    arm + order suffix); arms and orders interleaved within each round."""
+    for variant in variants.values():  # warm-up: first shapes, lazy init, compilation
+        for batches in orders.values():
+            _pass(variant, batches[:1])
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for suffix, batches in orders.items():
+            for arm, variant in variants.items():
+                key = arm + suffix
+                best[key] = min(best.get(key, float("inf")), _pass(variant, batches))
+                bar.step()
+    return best
 
 
 def _pass(variant: Variant, batches: list[list[str]]) -> float:

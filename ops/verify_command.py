@@ -10,7 +10,7 @@ import json
 
 from ops._cli_args import UsageError, default_actor
 from ops._verify_format import document, human
-from rollout import Settings, StoreUnavailable, Thresholds, Verdict, judge
+from rollout import Settings, StoreUnavailable, Verdict, judge_summary, thresholds_from
 from serve.regression import RegressionSetError
 
 
@@ -21,25 +21,20 @@ def verify(ctx, settings: Settings) -> int:
     try:
         report = runner.run(
             settings, limit=args.limit, progress_stream=None if args.quiet else ctx.err,
-            sorted_speed=args.sorted, speed=not args.no_speed,
+            speed=not args.no_speed,
         )
     except (RegressionSetError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
-    thresholds = Thresholds(
-        min_agreement=settings.verify_min_agreement,
-        min_lower_bound=settings.verify_min_lower_bound,
-        min_speedup=settings.verify_min_speedup,
-        min_cosine_p1=settings.verify_min_cosine_p1,
-    )
+    thresholds = thresholds_from(settings)
     s = report.summary
-    cosine_p1 = s.cosine.p1 if s.cosine else None
-    failures = judge(thresholds, agreement=s.agreement, lower_bound=s.lower_bound,
-                     speedup=report.speedup, cosine_p1=cosine_p1)
+    failures = judge_summary(thresholds, s, report.speedup)
     verdict = Verdict(
         baseline_version=report.baseline.version, optimized_version=report.optimized.version,
         passed=not failures, failures=tuple(failures), n=s.n, agreement=s.agreement,
-        agreement_lower_bound=s.lower_bound, speedup=report.speedup, cosine_p1=cosine_p1,
-        recipe=report.optimized.recipe, set_digest=report.regression.digest,
+        agreement_lower_bound=s.lower_bound, speedup=report.speedup,
+        cosine_p1=s.cosine.p1 if s.cosine else None, confident_flips=len(s.confident),
+        accuracy_drop=s.accuracy_drop, recipe=report.optimized.recipe,
+        set_digest=report.regression.digest,
         at=ctx.clock.time(), by=getattr(args, "actor", None) or default_actor(),
     )
     stored, store_error = False, None

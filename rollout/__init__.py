@@ -27,7 +27,7 @@ from rollout.state import (
 )
 from rollout.store import MemoryStateStore, StateStore, Subscription
 from rollout.traces import MemoryTelemetry, Traces, TraceSummary
-from rollout.verdict import Thresholds, Verdict, judge
+from rollout.verdict import Thresholds, Verdict, judge, judge_summary, thresholds_from
 from rollout.watcher import StateView, StateWatcher
 from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
 
@@ -40,7 +40,8 @@ __all__ = [
     "StateView", "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock",
     "TelemetrySink",
     "Thresholds", "TraceSummary", "Traces", "Verdict", "Windows", "bucket_of", "decide",
-    "effective_bp", "format_bp", "judge", "open_store", "open_telemetry", "parse_percent",
+    "effective_bp", "format_bp", "judge", "judge_summary", "open_store", "open_telemetry",
+    "parse_percent", "thresholds_from",
 ]
 
 

@@ -14,6 +14,12 @@ between the two arms' embeddings, and optionally the input's true label.
   one-sided bound at 97.5 %.
 - **Margin buckets** group pairs by the *baseline's* margin, so one sees that flips sit at the
   decision boundary (small margins) and not in the confident bulk, where they would mean damage.
+- **Confident flips** are the flips whose *baseline* margin is at least `min_margin` (default
+  `CONFIDENT_MARGIN`, 0.05, a bucket edge): the baseline was sure, the optimized arm answered
+  otherwise. That is damage; a flip below it is an input on which fp32 itself is close to a coin
+  toss, which no reduced precision can be expected to keep. A margin of exactly `min_margin`
+  counts as confident.
+- **Accuracy drop** is the baseline's accuracy minus the optimized arm's, on labelled pairs.
 - **Cosine** is summarised by mean, 1st percentile (nearest rank) and minimum.
 """
 
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 MARGIN_EDGES = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)  # bucket i holds edges[i] <= margin < edges[i+1]
+CONFIDENT_MARGIN = 0.05  # a flip at a baseline margin >= this is a confident flip (an edge above)
 
 
 def z_for(confidence: float) -> float:
@@ -64,6 +71,14 @@ def bucket_of(margin: float, edges: tuple[float, ...] = MARGIN_EDGES) -> int:
         if margin >= edge:
             index = i
     return index
+
+
+def first_bucket_from(margin: float, edges: tuple[float, ...] = MARGIN_EDGES) -> int:
+    """Index of the first bucket whose pairs all have a margin >= `margin`, which must be one of
+    the edges (bucket counts cannot be split inside a bucket)."""
+    if margin not in edges:
+        raise ValueError(f"margin {margin:g} is not a bucket edge {edges}: pick one of them")
+    return edges.index(margin)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -119,11 +134,22 @@ class Summary:
     flips: list[Pair]
     cosine: CosineStats | None
     accuracy: dict[str, float] | None = field(default=None)  # {"baseline", "optimized", "n"}
+    confident: list[Pair] = field(default_factory=list)  # flips at baseline margin >= min_margin
+    min_margin: float = CONFIDENT_MARGIN
+
+    @property
+    def accuracy_drop(self) -> float | None:
+        """Baseline accuracy minus optimized accuracy on the labelled pairs (negative: the
+        optimized arm is right more often); None without labelled pairs."""
+        if not self.accuracy:
+            return None
+        return self.accuracy["baseline"] - self.accuracy["optimized"]
 
 
 def summarize(pairs: list[Pair], *, confidence: float = 0.95,
-              edges: tuple[float, ...] = MARGIN_EDGES) -> Summary:
-    """Every agreement figure of a list of pairs."""
+              edges: tuple[float, ...] = MARGIN_EDGES,
+              min_margin: float = CONFIDENT_MARGIN) -> Summary:
+    """Every agreement figure of a list of pairs; `min_margin` draws the confident flips."""
     n = len(pairs)
     agree = sum(p.agrees for p in pairs)
     low, high = wilson_interval(agree, n, confidence)
@@ -146,7 +172,9 @@ def summarize(pairs: list[Pair], *, confidence: float = 0.95,
             "optimized": sum(p.optimized == p.truth for p in labelled) / len(labelled),
         }
     flips = sorted((p for p in pairs if not p.agrees), key=lambda p: -p.baseline_margin)
-    return Summary(n, agree, agree / n if n else 0.0, low, high, buckets, flips, cosine, accuracy)
+    confident = [p for p in flips if p.baseline_margin >= min_margin]
+    return Summary(n, agree, agree / n if n else 0.0, low, high, buckets, flips, cosine, accuracy,
+                   confident, min_margin)
 
 
 def margins(scores: list[float]) -> tuple[int, float]:

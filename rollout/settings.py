@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from rollout.agreement import CONFIDENT_MARGIN
+
 DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment", "health")
 
 
@@ -75,10 +77,35 @@ class Settings(BaseSettings):
     aware_high_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="precision of the layers a plan keeps; auto: bf16 if native"
     )
-    verify_min_agreement: float = Field(0.995, ge=0, le=1)
-    verify_min_lower_bound: float = Field(0.99, ge=0, le=1)
-    verify_min_speedup: float = Field(1.0, ge=0, le=1000, description="at verify_speed_batch")
-    verify_min_cosine_p1: float = Field(0.0, ge=-1, le=1)
+    verify_min_margin: float = Field(
+        CONFIDENT_MARGIN, ge=0, le=1,
+        description="a flip is confident when the baseline's top-1 minus top-2 score is at "
+        "least this (below it: a near tie)",
+    )
+    verify_max_confident_flips: int = Field(
+        0, ge=0, le=1_000_000, description="verify fails with more confident flips than this"
+    )
+    verify_max_accuracy_drop: float = Field(
+        0.01, ge=0, le=1,
+        description="verify fails when the optimized arm's accuracy on labelled inputs is lower "
+        "than the baseline's by more than this",
+    )
+    verify_min_agreement: float = Field(
+        0.98, ge=0, le=1, description="verify fails below this top-1 agreement"
+    )
+    verify_min_lower_bound: float = Field(
+        0.98, ge=0, le=1,
+        description="verify fails below this 95 % Wilson lower bound of the agreement",
+    )
+    verify_min_speedup: float = Field(
+        1.0, ge=0, le=1000,
+        description="verify fails below this throughput ratio at verify_speed_batch, on "
+        "length-sorted (served-like) batches",
+    )
+    verify_min_cosine_p1: float = Field(
+        0.95, ge=-1, le=1,
+        description="verify fails below this 1st percentile of embedding cosine (encoders only)",
+    )
     verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
         (1, 8, 32), description="batch sizes whose throughput verify measures"
     )

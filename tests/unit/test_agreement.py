@@ -10,6 +10,7 @@ from rollout.agreement import (
     Pair,
     bucket_label,
     bucket_of,
+    first_bucket_from,
     margins,
     percentile,
     summarize,
@@ -62,6 +63,9 @@ def test_buckets_cover_every_margin_once():
     assert bucket_of(7.0) == len(MARGIN_EDGES) - 1
     assert bucket_label(0) == "0-0.005"
     assert bucket_label(len(MARGIN_EDGES) - 1) == ">=0.1"
+    assert first_bucket_from(0.05) == bucket_of(0.05) == 4  # where confident pairs start
+    with pytest.raises(ValueError, match="not a bucket edge"):
+        first_bucket_from(0.04)
 
 
 def test_percentile_is_nearest_rank():
@@ -85,7 +89,7 @@ def test_summarize_counts_agreement_flips_buckets_cosine_and_accuracy():
     pairs = [Pair(0, 0, 0.2, 0.19, cosine=0.999, truth=0, index=i) for i in range(96)]
     pairs += [
         Pair(1, 2, 0.001, 0.002, cosine=0.95, truth=1, index=96),  # near the boundary
-        Pair(2, 1, 0.03, 0.01, cosine=0.90, truth=1, index=97),  # a confident flip
+        Pair(2, 1, 0.03, 0.01, cosine=0.90, truth=1, index=97),  # a flip, still a near tie
         Pair(0, 0, 0.004, 0.003, cosine=0.998, index=98),
         Pair(0, 0, 0.012, 0.02, cosine=0.997, index=99),
     ]
@@ -103,6 +107,36 @@ def test_summarize_counts_agreement_flips_buckets_cosine_and_accuracy():
     expected_mean = (96 * 0.999 + 0.95 + 0.90 + 0.998 + 0.997) / 100
     assert math.isclose(s.cosine.mean, expected_mean)
     assert s.accuracy == {"n": 98, "baseline": 97 / 98, "optimized": 97 / 98}
+    assert s.accuracy_drop == 0.0
+    assert s.confident == [] and s.min_margin == 0.05  # both flips sit below 0.05
+
+
+def test_a_flip_is_confident_from_exactly_the_minimum_margin():
+    pairs = [
+        Pair(0, 1, 0.05, 0.01, index=0),  # exactly at the edge: confident
+        Pair(0, 1, 0.0499999, 0.01, index=1),  # just below: a near tie
+        Pair(2, 3, 0.6, 0.2, index=2),
+        Pair(1, 1, 0.9, 0.9, index=3),  # agrees, however confident
+        Pair(1, 2, 0.001, 0.0, index=4),
+    ]
+    s = summarize(pairs)
+    assert [p.index for p in s.confident] == [2, 0]  # largest baseline margin first
+    assert [p.index for p in s.flips] == [2, 0, 1, 4]
+    s = summarize(pairs, min_margin=0.1)
+    assert [p.index for p in s.confident] == [2] and s.min_margin == 0.1
+    assert summarize(pairs, min_margin=0.0).confident == summarize(pairs).flips  # every flip
+
+
+def test_accuracy_drop_is_baseline_minus_optimized_on_labelled_pairs_only():
+    pairs = [Pair(0, 0, 0.3, 0.3, truth=0, index=i) for i in range(7)]  # both right
+    pairs += [Pair(0, 1, 0.3, 0.1, truth=0, index=7),  # optimized wrong
+              Pair(0, 1, 0.3, 0.1, truth=0, index=8),  # optimized wrong
+              Pair(2, 1, 0.01, 0.01, truth=1, index=9),  # baseline wrong, optimized right
+              Pair(0, 1, 0.3, 0.1, index=10)]  # unlabelled: no part of accuracy
+    s = summarize(pairs)
+    assert s.accuracy == {"n": 10, "baseline": 0.9, "optimized": 0.8}
+    assert s.accuracy_drop == pytest.approx(0.1)
+    assert summarize([Pair(0, 1, 0.3, 0.1)]).accuracy_drop is None
 
 
 def test_summarize_without_cosine_or_labels():

@@ -101,3 +101,19 @@ def test_splitting_keeps_results_in_order():
     # the three short rows, then 150 and 200 together (buckets 160 -> 224: only 64 more
     # padding); the fake records unbucketed cost: rows x longest row
     assert calls == [3 * 5, 2 * 200]
+
+
+def test_served_batches_sort_by_length_then_cut_by_batch_size():
+    from serve.batching import padded_width, served_batches
+
+    lengths = [40, 3, 250, 12, 3, 90, 7]
+    batches = served_batches(lengths, 3)
+    assert batches == [[1, 4, 6], [3, 0, 5], [2]]  # equal lengths keep their given order
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    widths = [padded_width(max(lengths[i] for i in batch)) for batch in batches]
+    assert widths == [8, 96, 256]  # in set order the first batch alone would be padded to 256
+    assert served_batches(lengths, 1) == [[1], [4], [6], [3], [0], [5], [2]]
+    assert served_batches(lengths, 100) == [[1, 4, 6, 3, 0, 5, 2]]
+    assert served_batches([], 4) == []
+    with pytest.raises(ValueError, match="batch_size"):
+        served_batches(lengths, 0)

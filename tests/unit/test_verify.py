@@ -60,7 +60,16 @@ def test_json_report_and_stored_verdict(env):
     assert 0 <= doc["agreement_lower_bound"] <= doc["agreement"] <= 1
     assert len(doc["flips"]) == round(40 * (1 - doc["agreement"]))
     assert [r["batch"] for r in doc["throughput"]] == [1, 4]
-    assert doc["speedup"] == doc["throughput"][1]["speedup"] > 0
+    assert doc["speedup"] == doc["throughput"][1]["speedup"] > 0  # served (length-sorted)
+    assert doc["speedup_set_order"] == doc["throughput"][1]["speedup_set_order"] > 0
+    for row in doc["throughput"]:
+        assert row["speedup"] == row["optimized"] / row["baseline"]
+        assert row["speedup_set_order"] == (row["optimized_set_order"]
+                                             / row["baseline_set_order"])
+    assert doc["min_margin"] == doc["thresholds"]["min_margin"] == 0.05
+    assert doc["confident_flips"] == [f for f in doc["flips"] if f["baseline_margin"] >= 0.05]
+    assert doc["accuracy_drop"] == pytest.approx(
+        doc["accuracy"]["baseline"] - doc["accuracy"]["optimized"])
     assert sum(b["n"] for b in doc["buckets"]) == 40
     assert doc["cosine"]["min"] <= doc["cosine"]["p1"] <= doc["cosine"]["mean"] <= 1.0001
     labelled = sum(e.label is not None for e in load_set().examples[:40])
@@ -70,6 +79,8 @@ def test_json_report_and_stored_verdict(env):
     verdict = store.get_verdict(doc["baseline_version"], doc["optimized_version"])
     assert verdict.passed and verdict.agreement == doc["agreement"] and verdict.n == 40
     assert verdict.by == "alice" and verdict.at == 1_700_000_000.0 and verdict.recipe == "bf16"
+    assert verdict.confident_flips == len(doc["confident_flips"])
+    assert verdict.accuracy_drop == doc["accuracy_drop"]
 
 
 def test_missed_thresholds_exit_1_with_the_reasons_in_the_table(env):
@@ -87,11 +98,12 @@ def test_missed_thresholds_exit_1_with_the_reasons_in_the_table(env):
 def test_no_speed_and_no_store(env):
     env.setenv("CANARY_VERIFY_MIN_LOWER_BOUND", "0.5")  # 16 inputs prove no more than ~0.8
     code, out, err, store = verify("--recipe", "fp32", "--limit", "16", "--no-speed",
-                                   "--no-store", "--json", "--quiet")
+                                   "--no-store", "--json", "--quiet",
+                                   "--sorted")  # accepted for old scripts, does nothing
     doc = json.loads(out)
     assert code == 0, err  # fp32 against itself agrees everywhere; speed is not judged
     assert doc["agreement"] == 1.0 and doc["flips"] == [] and doc["speedup"] is None
-    assert doc["throughput"] == [] and doc["stored"] is False
+    assert doc["throughput"] == [] and doc["stored"] is False and doc["confident_flips"] == []
     assert store._verdicts == {}
 
 

@@ -1,0 +1,135 @@
+"""The verify gate (rollout.verdict): thresholds from the settings, every threshold applied to a
+paired comparison with crafted pairs, and stored verdicts that predate new fields."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rollout import MemoryStateStore, Settings, Thresholds, Verdict, judge_summary, thresholds_from
+from rollout.agreement import Pair, summarize
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in list(os.environ):
+        if name.upper().startswith("CANARY_"):
+            monkeypatch.delenv(name)
+
+
+def agreeing(n: int, *, margin: float = 0.3, cosine: float | None = None,
+             truth: int | None = None, start: int = 0) -> list[Pair]:
+    return [Pair(0, 0, margin, margin, cosine=cosine, truth=truth, index=start + i)
+            for i in range(n)]
+
+
+# --- thresholds ----------------------------------------------------------------------------------
+
+
+def test_default_thresholds_judge_damage_not_noise():
+    t = Thresholds()
+    assert (t.min_margin, t.max_confident_flips, t.max_accuracy_drop) == (0.05, 0, 0.01)
+    assert (t.min_agreement, t.min_lower_bound, t.min_cosine_p1) == (0.98, 0.98, 0.95)
+    assert thresholds_from(Settings()) == t  # the settings' defaults are the same gate
+
+
+def test_thresholds_come_from_the_settings_and_their_environment(monkeypatch):
+    for name, value in {"MIN_MARGIN": "0.1", "MAX_CONFIDENT_FLIPS": "2",
+                        "MAX_ACCURACY_DROP": "0.005", "MIN_AGREEMENT": "0.97",
+                        "MIN_LOWER_BOUND": "0.96", "MIN_SPEEDUP": "1.8",
+                        "MIN_COSINE_P1": "0.9"}.items():
+        monkeypatch.setenv(f"CANARY_VERIFY_{name}", value)
+    assert thresholds_from(Settings()) == Thresholds(
+        min_margin=0.1, max_confident_flips=2, max_accuracy_drop=0.005, min_agreement=0.97,
+        min_lower_bound=0.96, min_speedup=1.8, min_cosine_p1=0.9)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("CANARY_VERIFY_MAX_CONFIDENT_FLIPS", "-1"), ("CANARY_VERIFY_MIN_MARGIN", "1.5"),
+    ("CANARY_VERIFY_MAX_ACCURACY_DROP", "-0.1"),
+])
+def test_out_of_range_gate_settings_are_refused(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name.removeprefix("CANARY_").lower()):
+        Settings()
+
+
+# --- judge_summary -------------------------------------------------------------------------------
+
+
+def test_a_faithful_arm_with_only_near_tie_flips_passes():
+    pairs = agreeing(2_580, cosine=0.999) + [
+        Pair(0, 1, 0.01, 0.003, cosine=0.97, index=3_000 + i) for i in range(20)]  # 99.2 %
+    summary = summarize(pairs)
+    assert summary.confident == [] and len(summary.flips) == 20
+    assert judge_summary(Thresholds(), summary, speedup=2.0) == []
+
+
+def test_every_missed_threshold_is_a_sentence_in_the_gate_order():
+    pairs = agreeing(90, cosine=0.99, truth=0)
+    pairs += [Pair(0, 1, m, 0.02, cosine=0.8, truth=0, index=100 + i)
+              for i, m in enumerate((0.05, 0.2, 0.4))]  # confident: the truth was 0
+    pairs += [Pair(0, 1, 0.001, 0.001, cosine=0.99, index=200 + i) for i in range(7)]
+    summary = summarize(pairs)
+    failures = judge_summary(Thresholds(min_speedup=1.5), summary, speedup=1.2)
+    assert failures == [
+        "3 confident flips (baseline margin >= 0.05) > 0",
+        "accuracy drop 0.0323 > 0.01",  # 93/93 right against 90/93
+        "agreement 0.9000 < 0.98",
+        f"agreement lower bound {summary.lower_bound:.4f} < 0.98",
+        f"cosine p1 {summary.cosine.p1:.4f} < 0.95",
+        "speedup 1.20x < 1.5x",
+    ]
+
+
+def test_a_tolerated_count_of_confident_flips_passes_and_one_more_fails():
+    pairs = agreeing(3_000) + [Pair(2, 3, 0.5, 0.1, index=5_000 + i) for i in range(2)]
+    summary = summarize(pairs)
+    assert judge_summary(Thresholds(max_confident_flips=2), summary, None) == []
+    assert judge_summary(Thresholds(max_confident_flips=1), summary, None) == [
+        "2 confident flips (baseline margin >= 0.05) > 1"]
+
+
+def test_unmeasured_figures_are_not_judged():
+    """No labels (no accuracy), a classifier (no cosine), --no-speed (no speedup)."""
+    summary = summarize(agreeing(500))
+    assert summary.accuracy_drop is None and summary.cosine is None
+    assert judge_summary(Thresholds(min_speedup=1000, max_accuracy_drop=0), summary, None) == []
+
+
+def test_an_improved_accuracy_is_no_drop():
+    pairs = agreeing(2_000, truth=0) + [Pair(1, 0, 0.001, 0.001, truth=0, index=9_000)]
+    summary = summarize(pairs)
+    assert summary.accuracy_drop == pytest.approx(-1 / 2_001)
+    assert judge_summary(Thresholds(max_accuracy_drop=0), summary, None) == []
+
+
+def test_a_summary_drawn_at_another_margin_is_refused_naming_the_fix():
+    summary = summarize(agreeing(10), min_margin=0.1)
+    with pytest.raises(ValueError, match=r"summarize\(pairs, min_margin=thresholds.min_margin\)"):
+        judge_summary(Thresholds(), summary, None)
+
+
+# --- stored verdicts -----------------------------------------------------------------------------
+
+
+def test_a_verdict_stored_before_the_confident_flip_gate_still_loads():
+    old = {"baseline_version": "fp32-a", "optimized_version": "int8-b", "passed": True,
+           "failures": [], "n": 2600, "agreement": 0.996, "agreement_lower_bound": 0.993,
+           "speedup": 1.9, "cosine_p1": 0.99, "recipe": "int8-dynamic", "set_digest": "abc:2600",
+           "at": 1.0, "by": "ci"}
+    verdict = Verdict.model_validate_json(json.dumps(old))
+    assert verdict.passed and verdict.confident_flips is None and verdict.accuracy_drop is None
+
+
+def test_a_new_verdict_round_trips_its_confident_flips_and_accuracy_drop():
+    verdict = Verdict(baseline_version="fp32-a", optimized_version="int8-b", passed=False,
+                      failures=("1 confident flips (baseline margin >= 0.05) > 0",), n=2600,
+                      agreement=0.99, agreement_lower_bound=0.985, confident_flips=1,
+                      accuracy_drop=0.004)
+    assert Verdict.model_validate_json(verdict.model_dump_json()) == verdict
+    store = MemoryStateStore()
+    store.put_verdict(verdict)
+    assert store.get_verdict("fp32-a", "int8-b").confident_flips == 1
