@@ -19,6 +19,10 @@ are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge withou
     calls, shed, errors                shadow calls answered; sampled requests not shadowed
                                        because of load; shadow calls that failed or timed out
 
+The confident pairs are those filed in the buckets from CONFIDENT_MARGIN (0.05, a bucket edge)
+up: `confident_pairs` and `confident_agreed` are their sums, and `confident_flip_rate` the
+share of them whose labels differ (the ramp's `confident_flip_rate` gate).
+
 Cosine bins are on the gap 1 - cosine: bin j holds gaps in (COSINE_GAPS[j-1], COSINE_GAPS[j]]
 (bin 0: gap <= 1e-6), half a decade wide. The 1st percentile and the minimum are read from the
 histogram as the lower cosine edge of their bin: never above the true value, at most one bin
@@ -31,7 +35,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rollout.agreement import MARGIN_EDGES, bucket_label, bucket_of, margins, wilson_interval
+from rollout.agreement import (
+    CONFIDENT_MARGIN,
+    MARGIN_EDGES,
+    bucket_label,
+    bucket_of,
+    first_bucket_from,
+    margins,
+    wilson_interval,
+)
 
 COSINE_GAPS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
 
@@ -152,8 +164,9 @@ class ShadowStats:
     """Online agreement over the last `seconds` seconds, all gateway replicas together.
 
     `agreement` and `lower_bound` (95 % Wilson) are over classify pairs, None without any;
-    `by_margin` maps each baseline-margin bucket label to (agreed, pairs); cosine figures are
-    over embed pairs (`cosine_p1` and `cosine_min` are histogram lower edges, see the module)."""
+    `by_margin` maps each baseline-margin bucket label to (agreed, pairs); `confident_pairs`
+    and `confident_agreed` sum the buckets from CONFIDENT_MARGIN up; cosine figures are over
+    embed pairs (`cosine_p1` and `cosine_min` are histogram lower edges, see the module)."""
 
     seconds: float
     pairs: int
@@ -162,6 +175,8 @@ class ShadowStats:
     lower_bound: float | None
     upper_bound: float | None
     by_margin: dict[str, tuple[int, int]]
+    confident_pairs: int
+    confident_agreed: int
     cosine_n: int
     cosine_mean: float | None
     cosine_p1: float | None
@@ -170,8 +185,16 @@ class ShadowStats:
     shed: int
     errors: int
 
+    @property
+    def confident_flip_rate(self) -> float | None:
+        """Share of the confident pairs whose labels differ; None without confident pairs."""
+        if not self.confident_pairs:
+            return None
+        return (self.confident_pairs - self.confident_agreed) / self.confident_pairs
+
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
+        out["confident_flip_rate"] = self.confident_flip_rate
         out["by_margin"] = {label: list(cell) for label, cell in self.by_margin.items()}
         return out
 
@@ -203,12 +226,15 @@ def aggregate_shadow(hashes: Iterable[Mapping[str, str | float]], seconds: float
         low, high = wilson_interval(min(agreed, pairs), pairs, confidence)
     by_margin = {bucket_label(i): (count(f"m{i}:agreed"), count(f"m{i}:pairs"))
                  for i in range(len(MARGIN_EDGES))}
+    confident = range(first_bucket_from(CONFIDENT_MARGIN), len(MARGIN_EDGES))
     cos_n = count("cos_n")
     histogram = {int(k[4:]): v for k, v in totals.items() if k.startswith("cos:")}
     return ShadowStats(
         seconds=seconds, pairs=pairs, agreed=agreed,
         agreement=agreed / pairs if pairs else None, lower_bound=low, upper_bound=high,
-        by_margin=by_margin, cosine_n=cos_n,
+        by_margin=by_margin,
+        confident_pairs=sum(count(f"m{i}:pairs") for i in confident),
+        confident_agreed=sum(count(f"m{i}:agreed") for i in confident), cosine_n=cos_n,
         cosine_mean=totals.get("cos_sum", 0.0) / cos_n if cos_n else None,
         cosine_p1=_cosine_low(histogram, max(1, math.ceil(0.01 * cos_n))) if cos_n else None,
         cosine_min=_cosine_low(histogram, 1) if cos_n else None,

@@ -41,6 +41,7 @@ class ScriptedMetrics:
         self.canary = stats("optimized")
         self.baseline = stats("baseline", 500)
         self.pairs, self.lower_bound = 0, None
+        self.confident_pairs, self.confident_flips = 0, 0
         self.asked: list[int] = []
 
     def arm(self, arm, last_s):
@@ -49,6 +50,9 @@ class ScriptedMetrics:
 
     def agreement(self, last_s):
         return self.pairs, self.lower_bound
+
+    def confident(self, last_s):
+        return self.confident_pairs, self.confident_flips
 
 
 class Harness:

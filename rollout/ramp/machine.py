@@ -15,10 +15,12 @@ One evaluation (`evaluate`), in this order:
 3. Kill switch on: hold. Nothing else is judged, nothing is raised.
 4. Gates (once a step's share is set), over the step's last `window_s` seconds at most: each is
    `pass`, `fail`, `wait` (too few samples or shadow pairs to judge) or `n/a` (no baseline to
-   compare with). A failing evaluation counts; the failure after `failures_tolerated`
-   consecutive ones rolls back: share 0, status `aborted`, the failing gates as the reason. A
-   passing evaluation resets the count. Gates are judged while paused too: pausing stops the
-   climb, not the protection.
+   compare with). The two shadow gates need `min_agreement_pairs`: `agreement_lower_bound` all
+   shadow pairs, `confident_flip_rate` those at a baseline margin >= 0.05 (a flip there is
+   damage; one below is a near tie that only the overall agreement counts). A failing
+   evaluation counts; the failure after `failures_tolerated` consecutive ones rolls back:
+   share 0, status `aborted`, the failing gates as the reason. A passing evaluation resets the
+   count. Gates are judged while paused too: pausing stops the climb, not the protection.
 5. Paused: hold.
 6. The step must have lasted `min_duration_s`, seen `min_samples` canary requests in the window,
    and have no gate waiting; else hold.
@@ -44,6 +46,7 @@ from rollout.state import RolloutState, format_bp
 from rollout.verdict import Verdict
 
 CONTROLLER = "ramp-controller"  # the actor of every change the controller makes
+SHADOW_GATES = ("agreement_lower_bound", "confident_flip_rate")  # wait for shadow pairs
 ACTIVE = ("running", "paused")
 
 Status = Literal["running", "paused", "promoted", "aborted"]
@@ -156,7 +159,7 @@ def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int) -> tuple[int, l
         if not enough:
             status, note = "wait", few
         elif bad is None:
-            status = "wait" if name == "agreement_lower_bound" else "n/a"
+            status = "wait" if name in SHADOW_GATES else "n/a"
         else:
             status = "fail" if bad else "pass"
         results.append(GateResult(name, value, threshold, status, note))
@@ -169,6 +172,16 @@ def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int) -> tuple[int, l
         else:
             add("agreement_lower_bound", lower, gates.agreement_lower_bound,
                 lower < gates.agreement_lower_bound)
+    if gates.confident_flip_rate is not None:
+        pairs, flips = metrics.confident(window_s)
+        if pairs < gates.min_agreement_pairs:
+            add("confident_flip_rate", flips / pairs if pairs else None,
+                gates.confident_flip_rate, None,
+                f"{pairs}/{gates.min_agreement_pairs} confident shadow pairs")
+        else:
+            rate = flips / pairs
+            add("confident_flip_rate", rate, gates.confident_flip_rate,
+                rate > gates.confident_flip_rate, f"{flips} of {pairs} flipped")
     if gates.error_rate_delta is not None:
         threshold = (baseline.error_rate or 0.0) + gates.error_rate_delta
         value = canary.error_rate or 0.0

@@ -5,7 +5,8 @@
     gates:
       min_samples: 20              # canary requests in the window before any gate is judged
       agreement_lower_bound: 0.98  # online agreement (Wilson 95 % lower bound) >= X
-      min_agreement_pairs: 50      # shadow pairs needed to judge the agreement gate
+      confident_flip_rate: 0.0     # shadow pairs at baseline margin >= 0.05 that flipped <= C
+      min_agreement_pairs: 50      # shadow pairs needed to judge either agreement gate
       error_rate_delta: 0.01       # canary error rate <= baseline error rate + Y
       timeout_rate: 0.01           # canary timeout rate <= Z
       p99_ratio: 1.5               # canary p99 <= baseline p99 x R
@@ -60,6 +61,7 @@ class Gates(BaseModel):
 
     min_samples: int = Field(10, ge=1, le=100_000_000)
     agreement_lower_bound: float | None = Field(None, ge=0, le=1)
+    confident_flip_rate: float | None = Field(None, ge=0, le=1)
     min_agreement_pairs: int = Field(50, ge=1, le=100_000_000)
     error_rate_delta: float | None = Field(None, ge=0, le=1)
     timeout_rate: float | None = Field(None, ge=0, le=1)
@@ -69,8 +71,8 @@ class Gates(BaseModel):
 
     @model_validator(mode="after")
     def _some_gate(self):
-        names = ("agreement_lower_bound", "error_rate_delta", "timeout_rate", "p99_ratio",
-                 "p99_ms", "fallback_rate")
+        names = ("agreement_lower_bound", "confident_flip_rate", "error_rate_delta",
+                 "timeout_rate", "p99_ratio", "p99_ms", "fallback_rate")
         if all(getattr(self, name) is None for name in names):
             raise ValueError(f"give at least one gate ({', '.join(names)})")
         return self

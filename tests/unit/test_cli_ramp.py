@@ -77,6 +77,27 @@ def test_start_then_status_shows_step_time_and_every_gate(run, plan):
     assert ["p99_ms", "40", "500", "pass"] in gate_lines
 
 
+def test_status_lists_the_confident_flip_gate_with_its_counts(run, tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("gates: {confident_flip_rate: 0.0, min_agreement_pairs: 100}\n"
+                    "steps: [{percent: 10, min_duration_s: 60}, {percent: 100}]")
+    run("ramp", "start", str(path), "--reason", "r")
+    h = run.h
+    h.healthy()
+    h.metrics.confident_pairs = 40
+    h.tick()
+    h.tick()
+    _, out, _ = run("ramp", "status")
+    gate_lines = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert ["confident_flip_rate", "0", "0", "wait", "(40/100", "confident", "shadow",
+            "pairs)"] in gate_lines
+    h.metrics.confident_pairs = 300
+    h.tick()
+    _, out, _ = run("ramp", "status")
+    gate_lines = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert ["confident_flip_rate", "0", "0", "pass", "(0", "of", "300", "flipped)"] in gate_lines
+
+
 def test_status_json(run, plan):
     run("ramp", "start", plan, "--reason", "ramp v2")
     run.h.tick()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rollout import RampNotAllowed
-from rollout.ramp import CONTROLLER
-from tests.ramp_harness import PLAN, Harness, stats
+from rollout.ramp import CONTROLLER, WindowsMetrics
+from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
+from rollout.windows import MemoryHashes, Windows
+from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, stats
 
 
 @pytest.fixture
@@ -131,6 +133,49 @@ def test_the_agreement_gate_rolls_back_and_waits_for_shadow_pairs():
     decision = h.tick()
     assert decision.kind == "rollback" and h.share == 0
     assert "agreement_lower_bound 0.95 >= 0.98: fail" in decision.reason
+
+
+class ShadowFedMetrics(ScriptedMetrics):
+    """Scripted arms; the shadow gates read shadow counters filed as the gateways file them."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.hashes = MemoryHashes()
+        self.shadow = WindowsMetrics(Windows(self.hashes, "app", clock=clock))
+
+    def file(self, ts: float, outcomes: list[PairOutcome]) -> None:
+        self.hashes.increment(merge_shadow([ShadowItem(ts, shadow_fields(outcomes))], "app"))
+
+    def agreement(self, last_s):
+        return self.shadow.agreement(last_s)
+
+    def confident(self, last_s):
+        return self.shadow.confident(last_s)
+
+
+def test_the_confident_flip_gate_passes_near_tie_flips_and_rolls_back_on_a_confident_one():
+    plan = dict(PLAN, failures_tolerated=0,
+                gates={"confident_flip_rate": 0.0, "min_agreement_pairs": 40})
+    h = Harness(plan)
+    h.metrics = ShadowFedMetrics(h.clock)
+    h.controller = h.new_controller("c1")
+    h.verdict()
+    climb_to_first_step(h)
+    h.healthy()
+    near_ties = [PairOutcome(False, m) for m in (0.0, 0.004, 0.01, 0.03, 0.0499)]
+    h.metrics.file(h.clock.time(), near_ties * 20)  # 100 flips, none of them confident
+    decision = h.tick()
+    assert decision.kind == "hold" and "0/40 confident shadow pairs" in decision.reason
+    h.metrics.file(h.clock.time(), [PairOutcome(True, 0.05), PairOutcome(True, 0.4)] * 25)
+    advance = h.run_until("advance")  # a third of all pairs flipped, but only near ties
+    [gate] = advance.gates
+    assert (gate.name, gate.status, gate.value, gate.note) == (
+        "confident_flip_rate", "pass", 0.0, "0 of 50 flipped")
+    assert h.share == 5000
+    h.metrics.file(h.clock.time(), [PairOutcome(True, 0.3)] * 99 + [PairOutcome(False, 0.05)])
+    decision = h.tick()
+    assert decision.kind == "rollback" and h.share == 0
+    assert "confident_flip_rate 0.01 <= 0: fail (1 of 100 flipped)" in decision.reason
 
 
 def test_a_passing_evaluation_resets_the_failure_count(h):

@@ -27,6 +27,15 @@ def test_the_shipped_example_plan_is_valid():
     assert plan.shares_bp == (100, 500, 2500, 5000, 10_000)
     assert [s.approval for s in plan.steps] == [False, False, True, False, False]
     assert plan.gates.agreement_lower_bound == 0.98 and plan.failures_tolerated == 1
+    assert plan.gates.confident_flip_rate == 0.005
+
+
+def test_the_confident_flip_rate_is_a_gate_of_its_own():
+    plan = load_plan("gates: {confident_flip_rate: 0, min_agreement_pairs: 200}\n"
+                     "steps: [{percent: 100}]")
+    assert plan.gates.confident_flip_rate == 0.0 and plan.gates.min_agreement_pairs == 200
+    assert plan.gates.agreement_lower_bound is None
+    assert load_plan(GOOD).gates.confident_flip_rate is None  # optional, like every gate
 
 
 def test_defaults_of_a_minimal_plan():
@@ -54,6 +63,10 @@ def test_defaults_of_a_minimal_plan():
      "gates.p99_ratio: Input should be greater than or equal to 1"),
     ("gates: {min_samples: 5}\nsteps: [{percent: 100}]", "gates: give at least one gate"),
     ("gates: {error_rate_delta: 1.5}\nsteps: [{percent: 100}]", "gates.error_rate_delta: "),
+    ("gates: {confident_flip_rate: 1.5}\nsteps: [{percent: 100}]",
+     "gates.confident_flip_rate: Input should be less than or equal to 1"),
+    ("gates: {confident_flip_rate: -0.1}\nsteps: [{percent: 100}]",
+     "gates.confident_flip_rate: Input should be greater than or equal to 0"),
     ("steps: [{percent: 100}]", "gates: Field required"),
     ("gates: {error_rate_delta: 0.01}", "steps: Field required"),
     ("gates: {error_rate_delta: 0.01}\nsteps: [{percent: 100}]\nwindow_s: 0",
@@ -106,3 +119,14 @@ def test_the_agreement_is_the_shadow_windows_pairs_and_lower_bound():
     windows.source.increment(merge_shadow([ShadowItem(999.5, shadow_fields(outcomes))], "app"))
     assert WindowsMetrics(windows).agreement(30) == (200, wilson_interval(199, 200)[0])
     assert WindowsMetrics(windows).agreement(30) == (200, windows.shadow(30).lower_bound)
+
+
+def test_confident_pairs_are_the_shadow_pairs_from_margin_0_05_up():
+    windows = windows_with_one_canary_request()
+    outcomes = ([PairOutcome(True, 0.3)] * 50 + [PairOutcome(False, 0.05)] * 2
+                + [PairOutcome(False, 0.0499)] * 7 + [PairOutcome(True, 0.001)] * 40)
+    windows.source.increment(merge_shadow([ShadowItem(999.5, shadow_fields(outcomes))], "app"))
+    assert WindowsMetrics(windows).confident(30) == (52, 2)  # the 0.0499 flips are near ties
+    assert windows.shadow(30).confident_flip_rate == pytest.approx(2 / 52)
+    assert WindowsMetrics(windows_with_one_canary_request()).confident(30) == (0, 0)
+    assert windows_with_one_canary_request().shadow(30).confident_flip_rate is None
