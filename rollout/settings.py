@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     default_task: Literal["classify", "embed"] = "classify"
     max_tokens: int = Field(256, ge=8, le=8192, description="inputs are truncated to this")
     torch_threads: int = Field(0, ge=0, le=256, description="0: cores / model replicas")
+    hide_native_bf16: bool = Field(
+        False,
+        description="auto ignores a CPU's native bf16, so that the int8 runtime is measured and "
+        "served on a bf16 machine as on an AVX2-only one; part of auto's cache key",
+    )
+    auto_choice_dir: str | None = Field(
+        None,
+        description="cache of auto's measured choices (one JSON file per weights, host and "
+        "settings); default $XDG_CACHE_HOME/canary-gateway/auto, else ~/.cache/canary-gateway/auto",
+    )
 
     # --- accuracy-aware recipe and `rollout verify` ------------------------------------------
     regression_set: str | None = Field(

@@ -1,0 +1,144 @@
+"""How `auto` measures one candidate recipe against the fp32 baseline (serve.autopick).
+
+`measure` builds the candidate from a copy of the baseline's fp32 model (`Variant.build`) and,
+on the calibration texts it is given:
+
+1. **Agreement.** Both models' rows of every text (`Variant.rows`, length-batched), scored
+   and paired through rollout.agreement exactly as `rollout verify` pairs them (top-1 and
+   margin of each arm, embedding cosine for encoders, the true label where the set has one).
+2. **Speed.** Both models timed on an evenly spaced sample of the texts cut into served batches
+   (serve.batching.served_batches: length-sorted, as the server batches) of each size in
+   SPEED_BATCHES, tokenization and scoring included as verify's passes are; sizes and arms are
+   interleaved round by round and the best of ROUNDS kept, so machine noise hits both alike.
+   The candidate's speedup is its lowest over the sizes: it must be faster at each.
+3. **Gate** (`calibration_failures`): verify's thresholds (rollout.verdict) on confident flips,
+   accuracy drop, point agreement and cosine p1, and the speedup, with two differences:
+   - the Wilson lower bound is not applied. It measures the sample's size, not damage: on the
+     650 calibration inputs a bound of 0.98 needs 99.2 % agreement (645/650), while on the
+     2,600 inputs verify judges 98.6 % reaches it. Verify applies it on the full set;
+   - the speedup must beat fp32 (> 1.0) whatever `min_speedup` says: a candidate that is no
+     faster than the baseline it replaces is pointless.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout.agreement import Pair, Summary, margins, summarize
+from rollout.verdict import Thresholds, judge_summary
+from serve.batching import served_batches
+
+SPEED_BATCHES = (8, 32)  # batch sizes the server forms under light and heavy load
+SPEED_INPUTS = 256  # inputs timed per pass, as `verify_speed_inputs`
+ROUNDS = 3
+ERROR_CHARS = 300
+
+
+class Evidence(BaseModel):
+    """What measuring one candidate found; `error` when it could not be built or run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    recipe: str
+    passed: bool
+    failures: tuple[str, ...] = ()
+    error: str | None = None
+    n: int = Field(0, ge=0)
+    agreement: float | None = None
+    lower_bound: float | None = None  # reported, not judged (module docstring)
+    confident_flips: int | None = None
+    accuracy_drop: float | None = None  # None: no labelled calibration input
+    cosine_p1: float | None = None  # None: a classifier head has no embedding
+    speedup: float | None = None  # the lowest of `speedups`
+    speedups: dict[int, float] = Field(default_factory=dict)  # batch size -> fp32 s / cand. s
+    seconds: float = 0.0  # building and measuring it
+    decision: dict | None = None  # what the candidate's version hashes (Built.decision)
+
+    @classmethod
+    def failed(cls, recipe: str, exc: BaseException, seconds: float = 0.0) -> Evidence:
+        """A candidate that raised while being built or measured: failed, with its error on one
+        line (an exception's message may span many)."""
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())[:ERROR_CHARS]
+        return cls(recipe=recipe, passed=False, failures=(error,), error=error, seconds=seconds)
+
+
+def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
+            truth: Sequence[int | None] | None = None, progress=None,
+            timer: Callable[[], float] = time.perf_counter) -> Evidence:
+    """Build `recipe` from `baseline` (an fp32 `serve.variants.Variant`) and measure it on
+    `texts` (module docstring); `truth` holds each text's true label index, or None."""
+    start = timer()
+    built = baseline.build(recipe, progress=progress)
+    summary = _summary(baseline, built.model, texts, truth, thresholds.min_margin)
+    speedups = _speedups(baseline, built.model, texts, timer)
+    speedup = min(speedups.values())
+    failures = calibration_failures(thresholds, summary, speedup)
+    return Evidence(
+        recipe=recipe, passed=not failures, failures=tuple(failures), n=summary.n,
+        agreement=summary.agreement, lower_bound=summary.lower_bound,
+        confident_flips=len(summary.confident), accuracy_drop=summary.accuracy_drop,
+        cosine_p1=summary.cosine.p1 if summary.cosine else None, speedup=speedup,
+        speedups=speedups, seconds=timer() - start, decision=built.decision,
+    )
+
+
+def calibration_failures(thresholds: Thresholds, summary: Summary, speedup: float) -> list[str]:
+    """Every threshold the candidate misses on the calibration split (module docstring, 3)."""
+    failures = judge_summary(thresholds.model_copy(update={"min_lower_bound": 0.0}), summary,
+                             speedup)
+    if thresholds.min_speedup <= speedup <= 1.0:
+        failures.append(f"speedup {speedup:.2f}x: no faster than fp32")
+    return failures
+
+
+def _summary(baseline, model, texts: list[str], truth: Sequence[int | None] | None,
+             min_margin: float) -> Summary:
+    """Step 1: the paired comparison of fp32 (the baseline's own model) and `model`."""
+    base_rows, cand_rows = baseline.rows(texts), baseline.rows(texts, model=model)
+    base_scores = baseline.scores(base_rows).tolist()
+    cand_scores = baseline.scores(cand_rows).tolist()
+    cosines = None if baseline.has_head else (base_rows * cand_rows).sum(-1).tolist()
+    pairs = []
+    for i in range(len(texts)):
+        b_top, b_margin = margins(base_scores[i])
+        c_top, c_margin = margins(cand_scores[i])
+        pairs.append(Pair(b_top, c_top, b_margin, c_margin,
+                          cosine=cosines[i] if cosines else None,
+                          truth=truth[i] if truth else None, index=i))
+    return summarize(pairs, min_margin=min_margin)
+
+
+def _speedups(baseline, model, texts: list[str], timer: Callable[[], float]
+              ) -> dict[int, float]:
+    """Step 2: fp32 seconds / candidate seconds per batch size, best of ROUNDS each."""
+    step = max(1, len(texts) // SPEED_INPUTS)
+    sample = texts[::step][:SPEED_INPUTS]
+    lengths = [len(ids) for ids in baseline.encode(sample).ids]
+    batches = {size: [[sample[i] for i in batch] for batch in served_batches(lengths, size)]
+               for size in SPEED_BATCHES}
+    arms = {"fp32": None, "candidate": model}
+    for size in SPEED_BATCHES:  # warm-up: first shapes, lazy initialisation
+        for arm_model in arms.values():
+            _pass(baseline, batches[size][:1], arm_model, timer)
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(ROUNDS):
+        for size in SPEED_BATCHES:
+            for arm, arm_model in arms.items():
+                seconds = _pass(baseline, batches[size], arm_model, timer)
+                best[arm, size] = min(best.get((arm, size), float("inf")), seconds)
+    return {size: best["fp32", size] / max(best["candidate", size], 1e-9)
+            for size in SPEED_BATCHES}
+
+
+@torch.inference_mode()
+def _pass(variant, batches: list[list[str]], model, timer: Callable[[], float]) -> float:
+    """Seconds to answer `batches` with `model` (None: the variant's own): tokenize, forward,
+    score, as a served request is (ops/verify.py times its passes the same way)."""
+    start = timer()
+    for texts in batches:
+        variant.scores(variant.embed_batch([variant.encode(texts)], model=model)[0])
+    return timer() - start

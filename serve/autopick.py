@@ -1,0 +1,338 @@
+"""`auto`: the optimized recipe picked by measurement, once per weights, host and settings.
+
+Algorithm (`choose`):
+
+1. **Candidates** (`candidates`, pure), in order of preference:
+   - CPU: `bf16` where the CPU computes bf16 natively (AVX512-BF16 or AMX) and the setting
+     `hide_native_bf16` is off, then `onnx-int8` (ONNX Runtime int8), then `onnx-fp32`;
+   - CUDA: `fp16`, `bf16` where the GPU supports it, `fp16-graphs`. fp8 (Hopper, capability
+     8.9 and up) is not a candidate yet: no fp8 recipe exists.
+2. **Measure** each against the fp32 baseline on the regression set's calibration split
+   (`measure`, serve._autopick_measure): verify's gate without the Wilson lower bound, and a
+   speedup on served batches that must beat fp32. A candidate that raises while being built or
+   measured (a missing runtime, "runs on CUDA only") is recorded as failed with its error; it
+   never fails the pick.
+3. **Pick.** Among the passing candidates, the fastest wins; one within TIE of the fastest
+   counts as tied with it, and of tied ones the earlier in preference order wins (the timing
+   noise of a shared machine is about that large). No candidate passing: the fallback, a
+   faithful fp32 runtime (`onnx-fp32` on CPU, `fp32` on CUDA), with `fallback=True` and the
+   reason, never an unfaithful recipe.
+4. **Cache.** The choice, with the evidence of every candidate, is one JSON file named by a key
+   that hashes everything that could change it: the format, the weights, the hardware (CPU:
+   the CPU_FLAGS that /proc/cpuinfo lists, native bf16 and `hide_native_bf16`; CUDA: the
+   device's name, capability and bf16 support), the versions of torch, transformers and
+   onnxruntime, the regression set, the settings that change answers (ANSWER_SETTINGS) and the
+   gate's thresholds. A file is written atomically (temporary file + replace). A file that
+   cannot be read, is not a choice of this FORMAT, names another key, or names a recipe that
+   is neither a candidate here nor the fallback is ignored and the choice measured again:
+   a cached choice is never trusted beyond its key. Replicas starting together on one host
+   measure once: a lock file serializes them, and the later ones find the stored choice.
+
+The recipe's torch thread count is not in the key: `rollout verify` (all cores) and a replica
+(its share) must agree on the choice, or verify would judge another version than is served.
+An operator pins a recipe with `CANARY_OPTIMIZED_RECIPE=<name>`; this module decides only
+`auto`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollout.clock import Clock, SystemClock
+from rollout.settings import Settings
+from rollout.verdict import thresholds_from
+from serve._autopick_measure import Evidence, measure
+from serve.regression import load_set
+
+log = logging.getLogger("canary.autopick")
+
+FORMAT = 1
+TIE = 0.05  # speedups within 5 % of the fastest count as tied
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+FALLBACK = {"cpu": "onnx-fp32", "cuda": "fp32"}
+ANSWER_SETTINGS = {"labels", "label_template", "max_tokens", "int8_target_agreement"}
+
+__all__ = [
+    "Choice", "Evidence", "Hardware", "cached_choice", "candidates", "choice_dir", "choose",
+    "cpu_flags", "describe", "detect_hardware", "measure",
+]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What decides which recipes apply and how fast they run."""
+
+    device: str  # "cpu" or "cuda"
+    bf16: bool  # CPU: native bf16 matmuls (serve.plan.bf16_native); CUDA: bf16 supported
+    flags: tuple[str, ...] = ()  # CPU: the CPU_FLAGS /proc/cpuinfo lists
+    name: str = ""  # CUDA: the device's name
+    capability: tuple[int, int] | None = None  # CUDA: compute capability
+
+    def key(self, hide_native_bf16: bool) -> dict:
+        if self.device == "cuda":
+            return {"device": "cuda", "name": self.name, "capability": list(self.capability or ()),
+                    "bf16": self.bf16}
+        return {"device": "cpu", "machine": platform.machine(), "flags": list(self.flags),
+                "bf16": self.bf16, "hide_native_bf16": hide_native_bf16}
+
+
+def cpu_flags(cpuinfo: str) -> tuple[str, ...]:
+    """The CPU_FLAGS that every `flags` line of /proc/cpuinfo text lists."""
+    sets = [set(line.partition(":")[2].split()) for line in cpuinfo.splitlines()
+            if line.split(":")[0].strip() == "flags"]
+    common = set.intersection(*sets) if sets else set()
+    return tuple(flag for flag in CPU_FLAGS if flag in common)
+
+
+def detect_hardware(device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> Hardware:
+    """This machine's Hardware for `device` (CPU flags read from `cpuinfo`, never assumed)."""
+    if device == "cuda":
+        import torch
+
+        return Hardware("cuda", bool(torch.cuda.is_bf16_supported()),
+                        name=torch.cuda.get_device_name(),
+                        capability=tuple(torch.cuda.get_device_capability()))
+    from serve.plan import bf16_native
+
+    try:
+        flags = cpu_flags(cpuinfo.read_text())
+    except OSError:
+        flags = ()
+    return Hardware("cpu", bf16_native(), flags)
+
+
+def candidates(hardware: Hardware, *, hide_native_bf16: bool = False) -> tuple[str, ...]:
+    """The recipes `auto` measures on `hardware`, in order of preference (module docstring)."""
+    if hardware.device == "cuda":
+        return ("fp16", "bf16", "fp16-graphs") if hardware.bf16 else ("fp16", "fp16-graphs")
+    if hardware.bf16 and not hide_native_bf16:
+        return ("bf16", "onnx-int8", "onnx-fp32")
+    return ("onnx-int8", "onnx-fp32")
+
+
+def _notes(hardware: Hardware, hide_native_bf16: bool) -> tuple[str, ...]:
+    """Why a recipe one might expect is not a candidate here."""
+    if hardware.device == "cuda":
+        notes = () if hardware.bf16 else ("bf16 not supported",)
+        if hardware.capability and hardware.capability >= (8, 9):
+            notes += ("fp8 not a candidate yet",)
+        return notes
+    if not hardware.bf16:
+        return ("bf16 not native",)
+    return ("native bf16 hidden (hide_native_bf16)",) if hide_native_bf16 else ()
+
+
+class Choice(BaseModel):
+    """What `auto` serves here, and the evidence it was chosen on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: int
+    key: str
+    recipe: str
+    decision: dict | None = None  # what the recipe's version hashes (Built.decision), if any
+    fallback: bool = False  # no candidate passed: `recipe` is the faithful fp32 runtime
+    reason: str
+    notes: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()  # one per candidate, in order of preference
+    at: float  # when it was measured (epoch seconds)
+    context: dict = Field(default_factory=dict)  # what the key hashes, for people
+
+    def evidence_for(self, recipe: str) -> Evidence | None:
+        return next((e for e in self.evidence if e.recipe == recipe), None)
+
+
+def choose(settings: Settings, baseline, *, weights: str, device: str, measure=measure,
+           progress=None, hardware: Hardware | None = None, clock: Clock | None = None
+           ) -> Choice:
+    """The cached choice for these weights, host and settings, or one measured now and cached.
+    `baseline` is the fp32 `serve.variants.Variant`, whose model must still be fp32."""
+    hardware = hardware or detect_hardware(device)
+    key, context = choice_key(settings, weights=weights, hardware=hardware)
+    folder, allowed = choice_dir(settings), _allowed(settings, hardware)
+    if (found := _read(folder, key, allowed)) is not None:
+        return found
+    with _claim(folder, key):
+        if (found := _read(folder, key, allowed)) is not None:  # measured while we waited
+            return found
+        choice = _measure_all(settings, baseline, hardware, measure, progress,
+                              clock or SystemClock(), key=key, context=context)
+        _store(folder, choice)
+    return choice
+
+
+def cached_choice(settings: Settings, *, weights: str, device: str,
+                  hardware: Hardware | None = None) -> Choice | None:
+    """The stored choice for these weights, host and settings, without measuring; None when
+    there is none (or none to trust)."""
+    hardware = hardware or detect_hardware(device)
+    key, _ = choice_key(settings, weights=weights, hardware=hardware)
+    return _read(choice_dir(settings), key, _allowed(settings, hardware))
+
+
+def describe(choice: Choice) -> str:
+    """One line for the startup log and `rollout status`, e.g. 'auto → onnx-int8 (measured
+    2026-11-30: 2.31x, 98.9 % agreement, 0 confident flips; bf16 not native)'."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(choice.at))
+    notes = "".join(f"; {note}" for note in choice.notes)
+    found = choice.evidence_for(choice.recipe)
+    if choice.fallback:
+        return f"auto → {choice.recipe} (fallback, measured {day}: {choice.reason}{notes})"
+    return (f"auto → {choice.recipe} (measured {day}: {found.speedup:.2f}x, "
+            f"{found.agreement * 100:.1f} % agreement, {found.confident_flips} confident flips"
+            f"{notes})")
+
+
+def choice_key(settings: Settings, *, weights: str, hardware: Hardware) -> tuple[str, dict]:
+    """(key, the parts it hashes): module docstring, step 4."""
+    context = {
+        "format": FORMAT, "weights": weights,
+        "hardware": hardware.key(settings.hide_native_bf16),
+        "versions": library_versions(),
+        "set": load_set(settings.regression_set).digest,
+        "settings": settings.model_dump(mode="json", include=ANSWER_SETTINGS),
+        "thresholds": thresholds_from(settings).model_dump(mode="json"),
+    }
+    text = json.dumps(context, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16], context
+
+
+def library_versions() -> dict[str, str | None]:
+    import torch
+    import transformers
+
+    try:
+        import onnxruntime
+    except ImportError:
+        onnxruntime = None
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "onnxruntime": onnxruntime.__version__ if onnxruntime else None}
+
+
+def default_choice_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "canary-gateway" / "auto"
+
+
+def choice_dir(settings: Settings) -> Path:
+    if settings.auto_choice_dir:
+        return Path(settings.auto_choice_dir).expanduser()
+    return default_choice_dir()
+
+
+def _allowed(settings: Settings, hardware: Hardware) -> set[str]:
+    """The recipes a choice for this host may name."""
+    return {*candidates(hardware, hide_native_bf16=settings.hide_native_bf16),
+            FALLBACK[hardware.device]}
+
+
+def _measure_all(settings: Settings, baseline, hardware: Hardware, measure, progress,
+                 clock: Clock, *, key: str, context: dict) -> Choice:
+    """Steps 2 and 3: measure every candidate on the calibration split, then pick."""
+    regression = load_set(settings.regression_set)
+    examples = [regression.examples[i] for i in regression.calibration()]
+    index = {label: i for i, label in enumerate(baseline.labels)}
+    texts = [example.text for example in examples]
+    truth = [index.get(example.label) if example.label else None for example in examples]
+    thresholds = thresholds_from(settings)
+    evidence = []
+    for recipe in candidates(hardware, hide_native_bf16=settings.hide_native_bf16):
+        log.info("auto: measuring %s on %d calibration inputs", recipe, len(texts))
+        start = clock.monotonic()
+        try:
+            found = measure(baseline, recipe, texts, thresholds, truth=truth, progress=progress)
+        except Exception as exc:  # a candidate that cannot run here is a failed candidate
+            log.warning("auto: %s failed: %s", recipe, exc)
+            found = Evidence.failed(recipe, exc, clock.monotonic() - start)
+        evidence.append(found)
+    return _pick(tuple(evidence), hardware, settings.hide_native_bf16, key=key, context=context,
+                 at=clock.time())
+
+
+def _pick(evidence: tuple[Evidence, ...], hardware: Hardware, hide_native_bf16: bool, *,
+          key: str, context: dict, at: float) -> Choice:
+    """Step 3 over evidence in order of preference."""
+    common = {"format": FORMAT, "key": key, "evidence": evidence, "at": at, "context": context,
+              "notes": _notes(hardware, hide_native_bf16)}
+    passing = [e for e in evidence if e.passed]
+    if not passing:
+        recipe = FALLBACK[hardware.device]
+        found = next((e for e in evidence if e.recipe == recipe), None)
+        failed = "; ".join(f"{e.recipe}: {e.failures[0] if e.failures else 'failed'}"
+                           for e in evidence)
+        return Choice(recipe=recipe, decision=found.decision if found else None, fallback=True,
+                      reason=f"no candidate passed the gate ({failed or 'none applies'})",
+                      **common)
+    fastest = max(passing, key=lambda e: e.speedup)
+    winner = next(e for e in passing if e.speedup >= fastest.speedup / (1 + TIE))
+    reason = f"fastest of {len(passing)} passing candidates ({winner.speedup:.2f}x)"
+    if winner is not fastest:
+        reason = (f"within {TIE:.0%} of the fastest ({fastest.recipe}, "
+                  f"{fastest.speedup:.2f}x) and preferred to it")
+    return Choice(recipe=winner.recipe, decision=winner.decision, reason=reason, **common)
+
+
+def _read(folder: Path, key: str, allowed: set[str]) -> Choice | None:
+    """The stored choice under `key`, if it can be trusted (module docstring, step 4)."""
+    file = folder / f"{key}.json"
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("auto: ignoring unreadable %s: %s", file, exc)
+        return None
+    try:
+        choice = Choice.model_validate_json(text)
+    except ValidationError as exc:
+        log.warning("auto: ignoring %s, not a choice: %s", file, exc.errors()[0]["msg"])
+        return None
+    if choice.format != FORMAT or choice.key != key or choice.recipe not in allowed:
+        log.warning("auto: ignoring %s: format %s, key %s, recipe %s do not fit this host",
+                    file, choice.format, choice.key, choice.recipe)
+        return None
+    return choice
+
+
+def _store(folder: Path, choice: Choice) -> None:
+    """Write atomically: a replica never reads half a choice. Failing to write is logged, not
+    raised: the choice stands, it is measured again next start."""
+    file = folder / f"{choice.key}.json"
+    tmp = file.with_suffix(f".tmp{os.getpid()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(choice.model_dump_json(indent=1) + "\n")
+        tmp.replace(file)
+    except OSError as exc:
+        log.warning("auto: could not cache the choice in %s: %s", file, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def _claim(folder: Path, key: str):
+    """Hold the key's lock file while measuring, so replicas on one host measure once (without
+    a writable folder: no lock, each measures)."""
+    import fcntl
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / f"{key}.lock", "a")  # closed below, which releases the lock
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()  # releases the lock

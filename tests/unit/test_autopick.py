@@ -1,0 +1,369 @@
+"""`auto`'s choice by measurement (serve.autopick): candidates, pick, cache, and the calibration
+measurement itself on a stub variant whose rows are crafted (no Ray, no Redis, no real model)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rollout import FakeClock, Settings
+from rollout.verdict import thresholds_from
+from serve.autopick import (
+    Choice,
+    Evidence,
+    Hardware,
+    cached_choice,
+    candidates,
+    choice_dir,
+    choose,
+    cpu_flags,
+    describe,
+    detect_hardware,
+    measure,
+)
+
+AVX2 = Hardware("cpu", bf16=False, flags=("avx2",))
+SAPPHIRE = Hardware("cpu", bf16=True, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
+H100 = Hardware("cuda", bf16=True, name="NVIDIA H100", capability=(9, 0))
+T4 = Hardware("cuda", bf16=False, name="Tesla T4", capability=(7, 5))
+WEIGHTS = "a" * 64
+LABELS = ("a", "b", "c")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    """No CANARY_* from the machine leaks in; the default cache lies under the test's folder."""
+    for name in list(os.environ):
+        if name.upper().startswith("CANARY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(auto_choice_dir=str(tmp_path / "auto"))
+
+
+class StubMeasure:
+    """`measure` stubbed: per recipe (passed, speedup), or an exception to raise; counts calls."""
+
+    def __init__(self, results: dict):
+        self.results = results
+        self.calls: list[str] = []
+
+    def __call__(self, baseline, recipe, texts, thresholds, *, truth=None, progress=None):
+        self.calls.append(recipe)
+        assert len(texts) == 650 and len(truth) == 650  # the shipped set's calibration split
+        outcome = self.results[recipe]
+        if isinstance(outcome, Exception):
+            raise outcome
+        passed, speedup = outcome
+        return Evidence(recipe=recipe, passed=passed, speedup=speedup, agreement=0.989,
+                        confident_flips=0 if passed else 2, n=len(texts),
+                        failures=() if passed else ("2 confident flips (baseline margin >= "
+                                                    "0.05) > 0",))
+
+
+def pick(settings, hardware, results, **kw):
+    stub = StubMeasure(results)
+    choice = choose(settings, SimpleNamespace(labels=settings.labels), weights=WEIGHTS,
+                    device=hardware.device, measure=stub, hardware=hardware,
+                    clock=FakeClock(), **kw)
+    return choice, stub
+
+
+# --- candidates ----------------------------------------------------------------------------------
+
+
+def test_candidates_per_hardware():
+    assert candidates(AVX2) == ("onnx-int8", "onnx-fp32")
+    assert candidates(SAPPHIRE) == ("bf16", "onnx-int8", "onnx-fp32")
+    assert candidates(SAPPHIRE, hide_native_bf16=True) == ("onnx-int8", "onnx-fp32")
+    assert candidates(H100) == ("fp16", "bf16", "fp16-graphs")
+    assert candidates(T4) == ("fp16", "fp16-graphs")
+
+
+def test_cpu_flags_come_from_every_processor_of_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_int8 avx512_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu avx512_bf16 avx2 avx512f\n"
+    )
+    assert cpu_flags(cpuinfo.read_text()) == ("avx2", "avx512f", "avx512_bf16")
+    assert detect_hardware("cpu", cpuinfo).flags == ("avx2", "avx512f", "avx512_bf16")
+    assert detect_hardware("cpu", tmp_path / "missing").flags == ()
+
+
+# --- the pick ------------------------------------------------------------------------------------
+
+
+def test_fastest_passing_candidate_wins(settings):
+    choice, stub = pick(settings, AVX2, {"onnx-int8": (True, 2.31), "onnx-fp32": (True, 1.2)})
+
+    assert stub.calls == ["onnx-int8", "onnx-fp32"]
+    assert (choice.recipe, choice.fallback) == ("onnx-int8", False)
+    assert [e.recipe for e in choice.evidence] == ["onnx-int8", "onnx-fp32"]
+    assert describe(choice) == ("auto → onnx-int8 (measured 2023-11-14: 2.31x, 98.9 % agreement, "
+                                "0 confident flips; bf16 not native)")
+
+
+def test_a_faster_failing_candidate_loses(settings):
+    choice, _ = pick(settings, SAPPHIRE, {
+        "bf16": (True, 1.9), "onnx-int8": (False, 3.6), "onnx-fp32": (True, 1.1)})
+
+    assert choice.recipe == "bf16" and not choice.fallback
+    assert choice.evidence_for("onnx-int8").passed is False
+
+
+def test_a_near_tie_goes_to_the_preferred_candidate(settings):
+    choice, _ = pick(settings, SAPPHIRE, {
+        "bf16": (True, 1.94), "onnx-int8": (True, 2.0), "onnx-fp32": (True, 1.1)})
+
+    assert choice.recipe == "bf16"
+    assert "within 5% of the fastest (onnx-int8, 2.00x)" in choice.reason
+
+
+@pytest.mark.parametrize(("hardware", "fallback"), [(AVX2, "onnx-fp32"), (H100, "fp32")])
+def test_no_passing_candidate_falls_back_to_a_faithful_fp32_runtime(settings, hardware, fallback):
+    results = dict.fromkeys(candidates(hardware), (False, 2.0))
+    choice, _ = pick(settings, hardware, results)
+
+    assert (choice.recipe, choice.fallback) == (fallback, True)
+    assert choice.reason.startswith("no candidate passed the gate")
+    assert all(f"{recipe}: 2 confident flips" in choice.reason for recipe in results)
+    assert describe(choice).startswith(f"auto → {fallback} (fallback, measured 2023-11-14: no ")
+    if hardware is H100:
+        assert "fp8 not a candidate yet" in describe(choice)
+
+
+def test_a_candidate_that_raises_is_recorded_not_fatal(settings):
+    choice, stub = pick(settings, AVX2, {
+        "onnx-int8": ImportError("No module named 'onnxruntime'\n(install it)"),
+        "onnx-fp32": (True, 1.3)})
+
+    assert stub.calls == ["onnx-int8", "onnx-fp32"]
+    assert choice.recipe == "onnx-fp32" and not choice.fallback
+    failed = choice.evidence_for("onnx-int8")
+    assert failed.passed is False
+    assert failed.error == "ImportError: No module named 'onnxruntime' (install it)"
+
+
+# --- the cache -----------------------------------------------------------------------------------
+
+
+def test_a_cached_choice_is_served_without_measuring(settings):
+    first, stub = pick(settings, AVX2, {"onnx-int8": (True, 2.3), "onnx-fp32": (True, 1.2)})
+    again, second = pick(settings, AVX2, {"onnx-int8": (True, 2.3), "onnx-fp32": (True, 1.2)})
+
+    assert len(stub.calls) == 2 and second.calls == []
+    assert again == first
+    assert cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2) == first
+    assert cached_choice(settings, weights="b" * 64, device="cpu", hardware=AVX2) is None
+
+
+def _corrupt(name):
+    def rewrite(file):
+        doc = json.loads(file.read_text())
+        if name == "not json":
+            file.write_text('{"recipe": "onnx-int8", ')
+        elif name == "other format":
+            file.write_text(json.dumps({**doc, "format": 99}))
+        elif name == "other key":
+            file.write_text(json.dumps({**doc, "key": "0" * 16}))
+        elif name == "recipe no candidate here":
+            file.write_text(json.dumps({**doc, "recipe": "int8-dynamic"}))
+        elif name == "unreadable":
+            file.unlink()
+            file.mkdir()
+    return rewrite
+
+
+@pytest.mark.parametrize("corruption", [
+    "not json", "other format", "other key", "recipe no candidate here", "unreadable"])
+def test_a_corrupt_or_stale_cached_choice_is_measured_again(settings, corruption):
+    first, _ = pick(settings, AVX2, {"onnx-int8": (True, 2.3), "onnx-fp32": (True, 1.2)})
+    file = choice_dir(settings) / f"{first.key}.json"
+    _corrupt(corruption)(file)
+
+    assert cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2) is None
+    again, stub = pick(settings, AVX2, {"onnx-int8": (False, 2.3), "onnx-fp32": (True, 1.2)})
+
+    assert stub.calls == ["onnx-int8", "onnx-fp32"]  # measured, not trusted
+    assert again.recipe == "onnx-fp32"
+    stored = cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2)
+    assert stored == (None if corruption == "unreadable" else again)  # rewritten where it can be
+
+
+def test_default_cache_folder_honours_xdg_cache_home(tmp_path):
+    choice, _ = pick(Settings(), AVX2, {"onnx-int8": (True, 2.3), "onnx-fp32": (True, 1.2)})
+
+    assert (tmp_path / "xdg" / "canary-gateway" / "auto" / f"{choice.key}.json").is_file()
+
+
+@pytest.mark.parametrize("change", [
+    {"hide_native_bf16": True}, {"verify_min_agreement": 0.99}, {"verify_min_margin": 0.1},
+    {"labels": ("x", "y")}, {"max_tokens": 128},
+])
+def test_key_follows_what_changes_the_choice(tmp_path, change):
+    folder = str(tmp_path / "auto")
+    before = Settings(auto_choice_dir=folder)
+    after = Settings(auto_choice_dir=folder, **change)
+    results = {"bf16": (True, 1.9), "onnx-int8": (True, 2.3), "onnx-fp32": (True, 1.2)}
+    first, _ = pick(before, SAPPHIRE, results)
+    second, stub = pick(after, SAPPHIRE, results)
+
+    assert second.key != first.key and stub.calls  # measured anew under the new key
+    assert cached_choice(before, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE) == first
+
+
+def test_hidden_bf16_measures_the_int8_runtime_on_a_bf16_machine(tmp_path):
+    hidden = Settings(auto_choice_dir=str(tmp_path), hide_native_bf16=True)
+    choice, stub = pick(hidden, SAPPHIRE, {"onnx-int8": (True, 2.3), "onnx-fp32": (True, 1.2)})
+
+    assert stub.calls == ["onnx-int8", "onnx-fp32"] and choice.recipe == "onnx-int8"
+    assert choice.context["hardware"]["hide_native_bf16"] is True
+    assert describe(choice).endswith("; native bf16 hidden (hide_native_bf16))")
+
+
+# --- measure on a stub variant -------------------------------------------------------------------
+
+
+def _unit(*values):
+    return torch.nn.functional.normalize(torch.tensor(values), dim=-1)
+
+
+NEAR_TIE = (0.70, 0.69, 0.10)  # baseline margin < 0.05 once normalised
+CONFIDENT = (0.9, 0.3, 0.1)
+
+
+def _swap_top_two(row):
+    first, second = row.topk(2).indices.tolist()
+    row = row.clone()
+    row[[first, second]] = row[[second, first]]
+    return row
+
+
+@dataclass
+class Built:
+    model: object
+    decision: dict | None = None
+
+
+@dataclass(frozen=True)
+class StubModel:
+    """A candidate: `cost` fake seconds per row, and which inputs it flips."""
+
+    cost: float
+    flips_near_ties: bool = False
+    flips: tuple[int, ...] = ()  # inputs (by first-seen index) flipped whatever their margin
+
+
+class StubVariant:
+    """The fp32 variant's measuring interface: texts get an index when first seen; input i is a
+    near tie when i % 100 == 1, else confident, its top label rotating with i. Scores are the
+    rows themselves (unit vectors against an identity label matrix); every forward advances
+    `clock` by the model's cost per row (fp32: 3.0)."""
+
+    has_head = False
+    labels = LABELS
+
+    def __init__(self, builds: dict, clock: FakeClock):
+        self.builds, self.clock, self.index = builds, clock, {}
+
+    def build(self, recipe, progress=None):
+        outcome = self.builds[recipe]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return Built(outcome, decision={"recipe": recipe})
+
+    def _id(self, text):
+        return self.index.setdefault(text, len(self.index))
+
+    def encode(self, texts):
+        return SimpleNamespace(ids=[[self._id(t)] * (1 + len(t) % 7) for t in texts])
+
+    def base_row(self, i):
+        values = NEAR_TIE if i % 100 == 1 else CONFIDENT
+        return _unit(*values).roll(i % 3)
+
+    def row(self, i, model):
+        row = self.base_row(i)
+        if model is not None and (i in model.flips or (model.flips_near_ties and i % 100 == 1)):
+            return _swap_top_two(row)
+        return row
+
+    def embed_batch(self, batch, model=None):
+        ids = [row for item in batch for row in item.ids]
+        self.clock.advance(len(ids) * (model.cost if model else 3.0))
+        return [torch.stack([self.row(row[0], model) for row in ids])]
+
+    def rows(self, texts, batch_size=32, model=None):
+        return torch.stack([self.row(self._id(t), model) for t in texts])
+
+    def scores(self, rows):
+        return rows @ torch.eye(len(LABELS)).T
+
+
+def _measure(model, *, truth=None, n=200):
+    clock = FakeClock(start=0.0)
+    variant = StubVariant({"onnx-int8": model}, clock)
+    texts = [f"input number {i}" + "!" * (i % 11) for i in range(n)]
+    return measure(variant, "onnx-int8", texts, thresholds_from(Settings()), truth=truth,
+                   timer=clock.monotonic)
+
+
+def test_measure_passes_near_tie_flips_without_the_lower_bound():
+    truth = [None if i % 100 == 1 else i % 3 for i in range(200)]
+    found = _measure(StubModel(cost=1.0, flips_near_ties=True), truth=truth)
+
+    assert (found.n, found.agreement, found.confident_flips) == (200, 0.99, 0)
+    assert found.lower_bound < 0.98  # verify's bound would fail 198/200; calibration ignores it
+    assert found.accuracy_drop == 0.0
+    assert found.cosine_p1 == pytest.approx(0.9999, abs=1e-4)
+    assert found.speedups == {8: 3.0, 32: 3.0} and found.speedup == 3.0
+    assert found.passed and found.failures == ()
+    assert found.decision == {"recipe": "onnx-int8"}
+    assert found.seconds > 0
+
+
+def test_measure_fails_a_confident_flip_and_the_accuracy_it_costs():
+    truth = [i % 3 for i in range(200)]  # the baseline's answers are right
+    found = _measure(StubModel(cost=1.0, flips_near_ties=True, flips=(0,)), truth=truth)
+
+    assert (found.agreement, found.confident_flips) == (0.985, 1)
+    assert found.accuracy_drop == pytest.approx(3 / 200)
+    assert found.failures == ("1 confident flips (baseline margin >= 0.05) > 0",
+                              "accuracy drop 0.0150 > 0.01")
+    assert not found.passed
+
+
+def test_measure_fails_a_candidate_no_faster_than_fp32():
+    found = _measure(StubModel(cost=3.0))
+
+    assert found.agreement == 1.0 and found.speedup == 1.0
+    assert found.failures == ("speedup 1.00x: no faster than fp32",)
+
+
+def test_choose_with_real_measure_on_the_calibration_split(settings):
+    clock = FakeClock(start=0.0)
+    variant = StubVariant({
+        "bf16": StubModel(cost=1.0, flips=(0,)),  # fast, but flips a confident answer
+        "onnx-int8": RuntimeError("onnx-int8 runs on CPU only"),
+        "onnx-fp32": StubModel(cost=2.0, flips_near_ties=True),
+    }, clock)
+    choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE,
+                    measure=functools.partial(measure, timer=clock.monotonic), clock=clock)
+
+    assert (choice.recipe, choice.fallback) == ("onnx-fp32", False)
+    assert choice.decision == {"recipe": "onnx-fp32"}
+    bf16, int8, fp32 = choice.evidence
+    assert bf16.confident_flips == 1 and not bf16.passed and bf16.speedup == 3.0
+    assert int8.error == "RuntimeError: onnx-int8 runs on CPU only"
+    assert fp32.n == 650 and fp32.passed and fp32.speedup == 1.5
+    assert Choice.model_validate_json(choice.model_dump_json()) == choice
