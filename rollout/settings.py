@@ -51,9 +51,10 @@ class Settings(BaseSettings):
     )
     optimized_recipe: Literal[
         "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
-        "bf16", "compiled", "accuracy-aware", "fp16-graphs",
+        "bf16", "compiled", "accuracy-aware", "fp16-graphs", "onnx-int8", "onnx-fp32",
     ] = Field(
-        "auto", description="auto: bf16 on CPUs with native bf16, else int8 dynamic; fp16 on CUDA"
+        "auto", description="auto: the fastest candidate for this host that passes the gate on "
+        "the calibration split (serve.autopick), measured once and cached"
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     labels: Annotated[tuple[str, ...], NoDecode] = Field(
@@ -86,6 +87,14 @@ class Settings(BaseSettings):
     )
     aware_high_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="precision of the layers a plan keeps; auto: bf16 if native"
+    )
+    onnx_dir: str | None = Field(
+        None, description="cache of ONNX artifacts (onnx-* recipes); default "
+        "~/.cache/canary-gateway/onnx"
+    )
+    int8_target_agreement: float = Field(
+        0.99, gt=0, le=1, description="top-1 agreement the onnx-int8 calibration search must "
+        "reach on the calibration split, with no confident flip"
     )
     verify_min_margin: float = Field(
         CONFIDENT_MARGIN, ge=0, le=1,

@@ -18,7 +18,9 @@ model uses its own head and labels).
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 
 from rollout.settings import Settings
 from serve.batching import padded_width
+from serve.onnxrt import ONNX_RECIPES
 from serve.plan import bf16_native
 from serve.recipes import apply_recipe
 
@@ -83,19 +86,24 @@ def weights_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def variant_version(weights: str, recipe: str, plan: dict | None = None) -> str:
-    """`recipe-<12 hex>`: hash of the weights, the recipe and, if any, the plan's decision."""
+def variant_version(weights: str, recipe: str, plan: dict | None = None,
+                    decision: dict | None = None) -> str:
+    """`recipe-<12 hex>`: hash of the weights, the recipe and, if any, the plan's decision or
+    the runtime's (an ONNX artifact's runtime version, weight type and fp32 nodes)."""
     key = f"{weights}:{recipe}"
     if plan is not None:
         from serve.plan import plan_digest
 
         key += f":{plan_digest(plan)}"
+    if decision is not None:
+        key += ":" + json.dumps(decision, sort_keys=True)
     return f"{recipe}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def versions(settings: Settings) -> dict[str, str]:
     """The versions both arms will report, from files alone (no model is loaded); an
-    accuracy-aware arm reads its plan from the plan cache (None when it was never computed)."""
+    accuracy-aware arm reads its plan from the plan cache (None when it was never computed), an
+    ONNX arm is None (its artifact's decision is known once it is loaded)."""
     path = model_dir(settings)
     device = resolve_device(settings)
     weights = weights_digest(path)
@@ -107,6 +115,8 @@ def versions(settings: Settings) -> dict[str, str]:
 
             plan = find_plan(aware_plan_key(settings, weights, path), _plan_dir(settings))
             found[arm] = variant_version(weights, recipe, plan) if plan else None
+        elif recipe in ONNX_RECIPES:
+            found[arm] = None  # the artifact's decision is part of it: known once loaded
         else:
             found[arm] = variant_version(weights, recipe)
     return found
@@ -150,6 +160,16 @@ def encode_ids(tokenizer, texts: list[str], max_tokens: int) -> list[list[int]]:
     return tokenizer(texts, truncation=True, max_length=max_tokens, padding=False)["input_ids"]
 
 
+@dataclass(frozen=True)
+class Built:
+    """A recipe applied: the model to run, and what the variant's version must hash besides the
+    weights and the recipe (an accuracy-aware plan, or an ONNX artifact's decision)."""
+
+    model: torch.nn.Module
+    plan: dict | None = None
+    decision: dict | None = None
+
+
 @dataclass
 class Encoded:
     """One request's inputs, tokenized but not padded; `preprocess_ms` when the gateway
@@ -187,11 +207,26 @@ class Variant:
             self.labels = settings.labels
             texts = [settings.label_template.format(label) for label in self.labels]
             self.label_matrix = self.embed_batch([self.encode(texts)])[0]
-        self.plan = None
-        if self.recipe == "accuracy-aware":
-            self.plan = self._plan(weights, path, progress)
-        self.model = apply_recipe(self.model, self.recipe, self.device, self.plan)
-        self.version = variant_version(weights, self.recipe, self.plan)
+        self.source, self.weights = path, weights
+        built = self.build(self.recipe, progress)
+        self.model, self.plan = built.model, built.plan
+        self.decision = built.decision
+        self.version = variant_version(weights, self.recipe, self.plan, built.decision)
+
+    def build(self, recipe: str, progress=None) -> Built:
+        """The model of `recipe`, made from a copy of this variant's fp32 model (which stays as
+        it is, so candidates can be built and compared one after another)."""
+        if recipe in ONNX_RECIPES:
+            from serve.onnxrt.build import build
+
+            if self.device != "cpu":
+                raise ValueError(f"{recipe} runs on CPU only (ONNX Runtime's CPU provider)")
+            say = None if progress is None else (lambda line: progress(line, None))
+            model, decision = build(self, recipe, self.source, self.weights, say)
+            return Built(model, decision=decision)
+        plan = self._plan(self.weights, self.source, progress) if recipe == "accuracy-aware" else None
+        source = self.model if recipe == "fp32" else copy.deepcopy(self.model)
+        return Built(apply_recipe(source, recipe, self.device, plan), plan=plan)
 
     def _plan(self, weights: str, path: Path, progress) -> dict:
         """The cached plan for these weights and settings, computed and stored when missing."""

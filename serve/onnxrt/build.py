@@ -1,0 +1,125 @@
+"""An ONNX recipe for a `serve.variants.Variant`: export, calibrate, cache, load, warm.
+
+The variant supplies the source folder, its fp32 torch model (the reference the calibration
+search compares against), its tokenizer and scoring (so the search judges exactly what the
+server answers) and the settings. The decision returned is what the variant's version hashes:
+recipe, runtime and its version, weight type, and the nodes kept in fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from serve.batching import BUCKETS
+from serve.onnxrt.artifact import MODEL, load_or_build
+from serve.onnxrt.calibrate import Score, cpu_flags, quantize, search, weight_type_for
+from serve.onnxrt.export import OPSET, export
+from serve.onnxrt.session import OrtModel
+
+log = logging.getLogger(__name__)
+SENSITIVITY_SAMPLE = 160  # calibration inputs each node's sensitivity is measured on
+
+
+def default_onnx_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "canary-gateway" / "onnx"
+
+
+def _versions() -> dict:
+    import onnx
+    import onnxruntime
+    import transformers
+
+    return {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
+            "torch": torch.__version__, "transformers": transformers.__version__, "opset": OPSET}
+
+
+def key_parts(variant, recipe: str, weights: str, calibration_digest: str | None) -> dict:
+    """Everything that decides the artifact's bytes (and so its answers)."""
+    parts = {"recipe": recipe, "weights": weights, "head": variant.has_head, **_versions()}
+    if recipe == "onnx-int8":
+        settings = variant.settings
+        parts.update(
+            weight_type=weight_type_for(cpu_flags()), set=calibration_digest,
+            target=settings.int8_target_agreement, min_margin=settings.verify_min_margin,
+            labels=list(variant.labels), template=settings.label_template,
+            max_tokens=variant.max_tokens,
+        )
+    return parts
+
+
+def build(variant, recipe: str, source: Path, weights: str, progress=None
+          ) -> tuple[OrtModel, dict]:
+    """The ORT model of `recipe` for `variant` (whose `model` is still the fp32 torch model) and
+    the decision its version hashes."""
+    from serve.regression import load_set
+
+    settings = variant.settings
+    say = progress or (lambda line: log.info("onnx: %s", line))
+    output = "logits" if variant.has_head else "last_hidden_state"
+    threads = settings.threads_per_model()
+    calibration = None
+    if recipe == "onnx-int8":
+        regression = load_set(settings.regression_set)  # texts only: labels play no part
+        calibration = ([regression.examples[i].text for i in regression.calibration()],
+                       regression.digest)
+    parts = key_parts(variant, recipe, weights, calibration[1] if calibration else None)
+    root = Path(settings.onnx_dir).expanduser() if settings.onnx_dir else default_onnx_dir()
+
+    def make(work: Path) -> tuple[dict, dict]:
+        say(f"exporting {source.name} to ONNX")
+        fp32 = work / "fp32.onnx"
+        export(source, fp32, has_head=variant.has_head)
+        if recipe == "onnx-fp32":
+            fp32.replace(work / MODEL)
+            return {"kept": "all"}, {}
+        texts, _ = calibration
+        found = search(fp32, work, weight_type=parts["weight_type"],
+                       target=settings.int8_target_agreement,
+                       **_judges(variant, texts, output, threads), progress=say)
+        quantize(fp32, work / MODEL, weight_type=found["weight_type"], keep=found["kept"])
+        decision = {k: found[k] for k in ("weight_type", "per_channel", "kept")}
+        return decision, found
+
+    artifact = load_or_build(parts, root, make)
+    model = OrtModel(artifact.path, output=output, threads=threads, size_bytes=artifact.size_bytes,
+                     manifest=artifact.manifest)
+    widths = [w for w in BUCKETS if w <= variant.max_tokens]
+    model.warm(widths)
+    decision = {"recipe": recipe, "runtime": f"onnxruntime {parts['onnxruntime']}",
+                "graph_optimization": "all", **artifact.decision}
+    say(f"{recipe} ready ({artifact.path.parent.name}, {artifact.size_bytes / 2**20:.1f} MiB, "
+        f"warmed over {len(widths)} widths)")
+    return model, decision
+
+
+def _judges(variant, texts: list[str], output: str, threads: int) -> dict:
+    """The search's two measures, against the fp32 torch model's rows of the same texts."""
+    from rollout.agreement import margins
+
+    reference = variant.rows(texts)
+    step = max(1, len(texts) // SENSITIVITY_SAMPLE)
+    sample = texts[::step]
+    sample_reference = reference[::step]
+    base = [margins(row) for row in variant.scores(reference).tolist()]
+    min_margin = variant.settings.verify_min_margin
+
+    def rows(path: Path, which: list[str]) -> torch.Tensor:
+        model = OrtModel(path, output=output, threads=threads, size_bytes=0)
+        return variant.rows(which, model=model)
+
+    def error(path: Path) -> float:
+        diff = rows(path, sample) - sample_reference
+        return float(diff.pow(2).sum() / sample_reference.pow(2).sum().clamp(min=1e-12))
+
+    def score(path: Path) -> Score:
+        found = [margins(row)[0] for row in variant.scores(rows(path, texts)).tolist()]
+        flips = [b for b, top in zip(base, found, strict=True) if b[0] != top]
+        confident = sum(margin >= min_margin for _, margin in flips)
+        return Score(1 - len(flips) / len(texts), confident)
+
+    return {"error": error, "score": score}

@@ -1,0 +1,163 @@
+"""The ONNX Runtime recipes on the tiny encoder: export, calibrate, cache, load, warm."""
+
+import json
+
+import pytest
+import torch
+
+from rollout import Settings
+from serve.onnxrt import OrtModel
+from serve.onnxrt.artifact import MANIFEST, MODEL, artifact_key, check, load_or_build
+from serve.onnxrt.calibrate import Score, cpu_flags, quantizable, weight_type_for
+from serve.variants import Variant, variant_version, weights_digest
+from tests.tiny_model import make_tiny_encoder
+
+TEXTS = ["a short one", "a somewhat longer input sentence for the encoder", "third", "x " * 40]
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("enc"))
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnx")
+
+
+def _settings(encoder_dir, onnx_dir, recipe, **extra):
+    return Settings(model_path=str(encoder_dir), labels=("cats", "dogs", "cars"),
+                    optimized_recipe=recipe, onnx_dir=str(onnx_dir), torch_threads=1, **extra)
+
+
+@pytest.fixture(scope="module")
+def baseline(encoder_dir, onnx_dir):
+    return Variant(_settings(encoder_dir, onnx_dir, "onnx-fp32"), "baseline")
+
+
+@pytest.fixture(scope="module")
+def int8(encoder_dir, onnx_dir):
+    return Variant(_settings(encoder_dir, onnx_dir, "onnx-int8"), "optimized")
+
+
+def _artifact_folder(variant):
+    return variant.model.path.parent
+
+
+def test_fp32_graph_answers_as_torch_does(baseline, encoder_dir, onnx_dir):
+    opt = Variant(_settings(encoder_dir, onnx_dir, "onnx-fp32"), "optimized")
+    assert isinstance(opt.model, OrtModel) and opt.model.threads == 1
+    assert torch.allclose(baseline.rows(TEXTS), opt.rows(TEXTS), atol=1e-4)
+    assert opt.version.startswith("onnx-fp32-") and opt.decision["runtime"].startswith("onnxruntime ")
+
+
+def test_int8_is_calibrated_and_its_decision_is_versioned(baseline, int8):
+    manifest = int8.model.manifest
+    decision = manifest["decision"]
+    assert decision["weight_type"] == weight_type_for(cpu_flags())
+    nodes = quantizable(int8.model.path.parent / MODEL)  # what stayed float in the int8 graph
+    assert set(decision["kept"]) <= set(manifest["evidence"]["sensitivity"])
+    assert len(manifest["evidence"]["sensitivity"]) == 8  # 2 layers: QKV, out, FFN in, FFN out
+    assert sorted(nodes) == sorted(decision["kept"])
+    assert manifest["evidence"]["calibration"]["confident_flips"] == 0
+    assert manifest["evidence"]["calibration"]["agreement"] >= 0.99
+    rows = int8.rows(TEXTS)
+    assert rows.shape == baseline.rows(TEXTS).shape
+    assert torch.allclose(rows.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-4)
+    other = dict(int8.decision, weight_type="u8" if decision["weight_type"] == "s8" else "s8")
+    assert variant_version(int8.weights, "onnx-int8", decision=other) != int8.version
+
+
+def test_cached_artifact_is_loaded_not_rebuilt(int8, encoder_dir, onnx_dir, monkeypatch):
+    def no_export(*_a, **_k):
+        raise AssertionError("the cached artifact should have been used")
+
+    monkeypatch.setattr("serve.onnxrt.build.export", no_export)
+    again = Variant(_settings(encoder_dir, onnx_dir, "onnx-int8"), "optimized")
+    assert again.version == int8.version
+    assert _artifact_folder(again) == _artifact_folder(int8)
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "drop the model", "other format", "bad json"])
+def test_corrupt_or_stale_artifact_is_rebuilt_not_served(damage, encoder_dir, tmp_path):
+    settings = _settings(encoder_dir, tmp_path, "onnx-fp32")
+    first = Variant(settings, "optimized")
+    folder = _artifact_folder(first)
+    model, manifest = folder / MODEL, folder / MANIFEST
+    if damage == "flip a byte":
+        data = bytearray(model.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        model.write_bytes(bytes(data))
+    elif damage == "drop the model":
+        model.unlink()
+    elif damage == "other format":
+        manifest.write_text(json.dumps(dict(json.loads(manifest.read_text()), format=0)))
+    else:
+        manifest.write_text("{not json")
+    with pytest.raises(ValueError):
+        check(folder, folder.name)
+    again = Variant(settings, "optimized")
+    check(folder, folder.name)  # rebuilt in place, and trustworthy again
+    assert again.version == first.version
+    assert torch.allclose(again.rows(TEXTS), first.rows(TEXTS), atol=1e-5)
+
+
+def test_load_or_build_writes_atomically_and_keeps_nothing_else(tmp_path):
+    calls = []
+
+    def build(work):
+        calls.append(work)
+        (work / MODEL).write_bytes(b"graph")
+        (work / "scratch.onnx").write_bytes(b"tmp")
+        return {"kept": []}, {"note": 1}
+
+    parts = {"recipe": "x"}
+    first = load_or_build(parts, tmp_path, build)
+    assert first.path.read_bytes() == b"graph" and first.decision == {"kept": []}
+    assert sorted(p.name for p in first.path.parent.iterdir()) == [MANIFEST, MODEL]
+    assert load_or_build(parts, tmp_path, build).manifest == first.manifest
+    assert len(calls) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [artifact_key(parts)]  # no build folder left
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path):
+    def build(work):
+        (work / MODEL).write_bytes(b"half")
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        load_or_build({"recipe": "x"}, tmp_path, build)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_classifier_head_exports_its_logits(tmp_path):
+    source = make_tiny_encoder(tmp_path / "cls", classifier_labels=("neg", "pos"))
+    settings = Settings(model_path=str(source), optimized_recipe="onnx-fp32",
+                        onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
+    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    assert opt.model.output == "logits"
+    assert torch.allclose(base.rows(TEXTS), opt.rows(TEXTS), atol=1e-4)
+
+
+def test_weight_type_follows_vnni(tmp_path):
+    assert weight_type_for(frozenset({"avx2", "avx512_vnni"})) == "s8"
+    assert weight_type_for(frozenset({"avx2", "avx_vnni"})) == "s8"
+    assert weight_type_for(frozenset({"avx2", "fma"})) == "u8"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_search_score_reaches_needs_no_confident_flip():
+    assert Score(0.995, 0).reaches(0.99)
+    assert not Score(0.999, 1).reaches(0.99)
+    assert not Score(0.98, 0).reaches(0.99)
+
+
+def test_onnx_recipes_refuse_cuda(encoder_dir, onnx_dir):
+    variant = Variant(_settings(encoder_dir, onnx_dir, "fp32"), "baseline")
+    variant.device = "cuda"
+    with pytest.raises(ValueError, match="CPU only"):
+        variant.build("onnx-int8")
+    assert weights_digest(encoder_dir) == variant.weights
