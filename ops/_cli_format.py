@@ -84,6 +84,8 @@ def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list
                 f"{one_line(report.baseline_version)} (seen {age(now - report.ts)} ago)")
         label = f"gateway {one_line(report.gateway)}"
         rows.append((label, text + (": " + "; ".join(notes) if notes else "")))
+        if report.auto or report.optimized_recipe:
+            rows.append(("  recipe", one_line(report.auto or report.optimized_recipe)))
         rows.extend(("  event", one_line(event)) for event in report.events)
     return rows
 

@@ -189,6 +189,9 @@ def _pass(variant: Variant, batches: list[list[str]]) -> float:
 
 
 def _weights_bytes(model: torch.nn.Module) -> int:
+    """The model's serialized size: its state dict, or a runtime's artifact file (ONNX)."""
+    if hasattr(model, "size_bytes"):
+        return model.size_bytes
     buffer = io.BytesIO()
     state = getattr(model, "_orig_mod", model).state_dict()
     torch.save(state, buffer)

@@ -69,6 +69,8 @@ class DeploymentReport(BaseModel):
     ts: float
     state_revision: int = 0  # the revision this gateway routes by
     events: tuple[str, ...] = ()  # store outages and resets it lived through, newest last
+    optimized_recipe: str = ""  # the recipe the optimized arm runs (what `auto` resolved to)
+    auto: str = ""  # when the recipe was `auto`: how it was chosen (serve.autopick.describe)
 
 
 def parse_percent(text: str | float) -> int:

@@ -182,6 +182,8 @@ class Gateway(DashboardRoutes):
                 ts=time.time(),
                 state_revision=view.state.revision,
                 events=view.events,
+                optimized_recipe=self.models[Arm.OPTIMIZED].get("recipe", ""),
+                auto=self.models[Arm.OPTIMIZED].get("auto") or "",
             )
         )
 

@@ -23,6 +23,7 @@ import torch
 from ray import serve
 
 from rollout.settings import Settings
+from serve.autopick import describe
 from serve.batching import RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
 from serve.telemetry import Telemetry
@@ -117,6 +118,7 @@ class ModelServer:
             "pid": os.getpid(),
             "version": self.variant.version,
             "recipe": self.variant.recipe,
+            "auto": describe(self.variant.choice) if self.variant.choice else None,
             "device": self.variant.device,
             "labels": list(self.variant.labels),
             "tasks": ["classify"] if self.variant.has_head else ["classify", "embed"],

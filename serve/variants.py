@@ -2,7 +2,8 @@
 
 The source is a local Hugging Face folder (default: the packaged all-MiniLM-L6-v2). The baseline
 is the source in fp32; the optimized variant applies a recipe (serve.recipes): int8 dynamic
-quantization of the Linear layers on CPU, fp16 on CUDA (`auto`), or one named explicitly, e.g.
+quantization, bf16, fp16, an ONNX Runtime graph (serve.onnxrt), the one `auto` measured fastest among
+those that pass the gate on this host (serve.autopick), or one named explicitly, e.g.
 `accuracy-aware` with its per-layer plan (serve.plan). A variant's version is a hash of the
 weight files, the recipe and the plan, so the same weights under a different recipe or plan, or
 new weights under the same recipe, are different versions.
@@ -31,7 +32,6 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 from rollout.settings import Settings
 from serve.batching import padded_width
 from serve.onnxrt import ONNX_RECIPES
-from serve.plan import bf16_native
 from serve.recipes import apply_recipe
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -63,15 +63,9 @@ def resolve_device(settings: Settings) -> str:
 
 
 def recipe_for(arm: str, settings: Settings, device: str) -> str:
-    if arm == "baseline":
-        return "fp32"
-    if settings.optimized_recipe == "auto":
-        # On a CPU with native bf16 (AVX512-BF16 or AMX), bf16 is as fast as int8 here and
-        # far more faithful (README: Proving the optimized model); elsewhere int8 dynamic.
-        if device == "cuda":
-            return "fp16"
-        return "bf16" if bf16_native() else "int8-dynamic"
-    return settings.optimized_recipe
+    """The baseline is fp32; the optimized arm takes the configured recipe, where `auto` is
+    decided by measurement when the variant loads (serve.autopick)."""
+    return "fp32" if arm == "baseline" else settings.optimized_recipe
 
 
 def weights_digest(path: Path) -> str:
@@ -115,6 +109,12 @@ def versions(settings: Settings) -> dict[str, str]:
 
             plan = find_plan(aware_plan_key(settings, weights, path), _plan_dir(settings))
             found[arm] = variant_version(weights, recipe, plan) if plan else None
+        elif recipe == "auto":
+            from serve.autopick import cached_choice
+
+            choice = cached_choice(settings, weights=weights, device=device)
+            found[arm] = (variant_version(weights, choice.recipe, None, choice.decision)
+                          if choice else None)
         elif recipe in ONNX_RECIPES:
             found[arm] = None  # the artifact's decision is part of it: known once loaded
         else:
@@ -208,10 +208,25 @@ class Variant:
             texts = [settings.label_template.format(label) for label in self.labels]
             self.label_matrix = self.embed_batch([self.encode(texts)])[0]
         self.source, self.weights = path, weights
+        self.choice = None  # serve.autopick.Choice when the recipe was `auto`
+        if self.recipe == "auto":
+            self.choice = self._auto(progress)
+            self.recipe = self.choice.recipe
         built = self.build(self.recipe, progress)
         self.model, self.plan = built.model, built.plan
         self.decision = built.decision
         self.version = variant_version(weights, self.recipe, self.plan, built.decision)
+
+    def _auto(self, progress):
+        """The recipe `auto` stands for on this host: cached, or measured now (minutes)."""
+        import logging
+
+        from serve.autopick import choose, describe
+
+        choice = choose(self.settings, self, weights=self.weights, device=self.device,
+                        progress=progress)
+        logging.getLogger("canary.autopick").info("%s", describe(choice))
+        return choice
 
     def build(self, recipe: str, progress=None) -> Built:
         """The model of `recipe`, made from a copy of this variant's fp32 model (which stays as

@@ -61,7 +61,7 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
     settings = variant.settings
     say = progress or (lambda line: log.info("onnx: %s", line))
     output = "logits" if variant.has_head else "last_hidden_state"
-    threads = settings.threads_per_model()
+    threads = torch.get_num_threads()  # what the process gave torch: the replica's share
     calibration = None
     if recipe == "onnx-int8":
         regression = load_set(settings.regression_set)  # texts only: labels play no part
