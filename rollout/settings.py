@@ -52,6 +52,7 @@ class Settings(BaseSettings):
     optimized_recipe: Literal[
         "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
         "bf16", "compiled", "accuracy-aware", "fp16-graphs", "onnx-int8", "onnx-fp32",
+        "ct2-int8",
     ] = Field(
         "auto", description="auto: the fastest candidate for this host that passes the gate on "
         "the calibration split (serve.autopick), measured once and cached"
@@ -89,7 +90,7 @@ class Settings(BaseSettings):
         "auto", description="precision of the layers a plan keeps; auto: bf16 if native"
     )
     onnx_dir: str | None = Field(
-        None, description="cache of ONNX artifacts (onnx-* recipes); default "
+        None, description="cache of runtime artifacts (onnx-* and ct2-int8 recipes); default "
         "~/.cache/canary-gateway/onnx"
     )
     int8_target_agreement: float = Field(

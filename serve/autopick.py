@@ -4,7 +4,8 @@ Algorithm (`choose`):
 
 1. **Candidates** (`candidates`, pure), in order of preference:
    - CPU: `bf16` where the CPU computes bf16 natively (AVX512-BF16 or AMX) and the setting
-     `hide_native_bf16` is off, then `onnx-int8` (ONNX Runtime int8), then `onnx-fp32`;
+     `hide_native_bf16` is off, then `ct2-int8` (CTranslate2 int8, serve.ct2), `onnx-int8`
+     (ONNX Runtime int8, calibrated, serve.onnxrt), then `onnx-fp32`;
    - CUDA: `fp16`, `bf16` where the GPU supports it, `fp16-graphs`. fp8 (Hopper, capability
      8.9 and up) is not a candidate yet: no fp8 recipe exists.
 2. **Measure** each against the fp32 baseline on the regression set's calibration split
@@ -115,9 +116,8 @@ def candidates(hardware: Hardware, *, hide_native_bf16: bool = False) -> tuple[s
     """The recipes `auto` measures on `hardware`, in order of preference (module docstring)."""
     if hardware.device == "cuda":
         return ("fp16", "bf16", "fp16-graphs") if hardware.bf16 else ("fp16", "fp16-graphs")
-    if hardware.bf16 and not hide_native_bf16:
-        return ("bf16", "onnx-int8", "onnx-fp32")
-    return ("onnx-int8", "onnx-fp32")
+    int8 = ("ct2-int8", "onnx-int8", "onnx-fp32")
+    return ("bf16", *int8) if hardware.bf16 and not hide_native_bf16 else int8
 
 
 def _notes(hardware: Hardware, hide_native_bf16: bool) -> tuple[str, ...]:
@@ -211,12 +211,13 @@ def library_versions() -> dict[str, str | None]:
     import torch
     import transformers
 
-    try:
-        import onnxruntime
-    except ImportError:
-        onnxruntime = None
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "onnxruntime": onnxruntime.__version__ if onnxruntime else None}
+    found = {"torch": torch.__version__, "transformers": transformers.__version__}
+    for runtime in ("onnxruntime", "ctranslate2"):
+        try:
+            found[runtime] = __import__(runtime).__version__
+        except ImportError:
+            found[runtime] = None
+    return found
 
 
 def default_choice_dir() -> Path:

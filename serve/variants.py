@@ -35,6 +35,7 @@ from serve.onnxrt import ONNX_RECIPES
 from serve.recipes import apply_recipe
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+RUNTIME_RECIPES = (*ONNX_RECIPES, "ct2-int8")  # CPU inference runtimes with artifacts on disk
 # A merged batch is split into another forward rather than pad more than this many tokens
 # (serve.batching.pack): a CPU forward costs little more than its tokens, a CUDA one is
 # dominated by launches, so it pays to pad much more there.
@@ -115,7 +116,7 @@ def versions(settings: Settings) -> dict[str, str]:
             choice = cached_choice(settings, weights=weights, device=device)
             found[arm] = (variant_version(weights, choice.recipe, None, choice.decision)
                           if choice else None)
-        elif recipe in ONNX_RECIPES:
+        elif recipe in RUNTIME_RECIPES:
             found[arm] = None  # the artifact's decision is part of it: known once loaded
         else:
             found[arm] = variant_version(weights, recipe)
@@ -231,13 +232,18 @@ class Variant:
     def build(self, recipe: str, progress=None) -> Built:
         """The model of `recipe`, made from a copy of this variant's fp32 model (which stays as
         it is, so candidates can be built and compared one after another)."""
-        if recipe in ONNX_RECIPES:
-            from serve.onnxrt.build import build
-
+        if recipe in RUNTIME_RECIPES:
             if self.device != "cpu":
-                raise ValueError(f"{recipe} runs on CPU only (ONNX Runtime's CPU provider)")
+                raise ValueError(f"{recipe} runs on CPU only")
             say = None if progress is None else (lambda line: progress(line, None))
-            model, decision = build(self, recipe, self.source, self.weights, say)
+            if recipe == "ct2-int8":
+                from serve import ct2
+
+                model, decision = ct2.build(self, self.source, self.weights, say)
+            else:
+                from serve.onnxrt.build import build
+
+                model, decision = build(self, recipe, self.source, self.weights, say)
             return Built(model, decision=decision)
         plan = self._plan(self.weights, self.source, progress) if recipe == "accuracy-aware" else None
         source = self.model if recipe == "fp32" else copy.deepcopy(self.model)

@@ -6,14 +6,13 @@
 | `onnx-int8` | the same graph with its MatMuls int8 (dynamic, per-channel weights), except the few a calibration search keeps in fp32 (serve.onnxrt.calibrate) |
 
 The artifact is built once per key (weights, recipe, runtime versions, calibration settings,
-weight type) and cached on disk (serve.onnxrt.artifact); replicas load it, check its digest and
+weight type) and cached on disk (serve.artifact); replicas load it, check its digest and
 warm it over the server's padding widths (serve.onnxrt.session). Tokenizer, padding, pooling and
 label embeddings stay with `serve.variants.Variant`, shared with the torch path.
 """
 
-from serve.onnxrt.artifact import Artifact, load_or_build
 from serve.onnxrt.session import OrtModel
 
 ONNX_RECIPES = ("onnx-fp32", "onnx-int8")
 
-__all__ = ["ONNX_RECIPES", "Artifact", "OrtModel", "load_or_build"]
+__all__ = ["ONNX_RECIPES", "OrtModel"]

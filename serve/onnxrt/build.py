@@ -9,24 +9,23 @@ recipe, runtime and its version, weight type, and the nodes kept in fp32.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from serve.batching import BUCKETS
-from serve.onnxrt.artifact import MODEL, load_or_build
+from serve.artifact import cache_root, load_or_build
 from serve.onnxrt.calibrate import Score, cpu_flags, quantize, search, weight_type_for
 from serve.onnxrt.export import OPSET, export
 from serve.onnxrt.session import OrtModel
 
 log = logging.getLogger(__name__)
+MODEL = "model.onnx"
 SENSITIVITY_SAMPLE = 160  # calibration inputs each node's sensitivity is measured on
 
 
 def default_onnx_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "canary-gateway" / "onnx"
+    return cache_root() / "onnx"
 
 
 def _versions() -> dict:
@@ -85,7 +84,7 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
         decision = {k: found[k] for k in ("weight_type", "per_channel", "kept")}
         return decision, found
 
-    artifact = load_or_build(parts, root, make)
+    artifact = load_or_build(parts, root, make, (MODEL,))
     model = OrtModel(artifact.path, output=output, threads=threads, size_bytes=artifact.size_bytes,
                      manifest=artifact.manifest)
     widths = [w for w in BUCKETS if w <= variant.max_tokens]

@@ -7,7 +7,8 @@ import torch
 
 from rollout import Settings
 from serve.onnxrt import OrtModel
-from serve.onnxrt.artifact import MANIFEST, MODEL, artifact_key, check, load_or_build
+from serve.artifact import MANIFEST, artifact_key, check, load_or_build
+from serve.onnxrt.build import MODEL
 from serve.onnxrt.calibrate import Score, cpu_flags, quantizable, weight_type_for
 from serve.variants import Variant, variant_version, weights_digest
 from tests.tiny_model import make_tiny_encoder
@@ -46,7 +47,7 @@ def _artifact_folder(variant):
 
 def test_fp32_graph_answers_as_torch_does(baseline, encoder_dir, onnx_dir):
     opt = Variant(_settings(encoder_dir, onnx_dir, "onnx-fp32"), "optimized")
-    assert isinstance(opt.model, OrtModel) and opt.model.threads == 1
+    assert isinstance(opt.model, OrtModel) and opt.model.threads == torch.get_num_threads()
     assert torch.allclose(baseline.rows(TEXTS), opt.rows(TEXTS), atol=1e-4)
     assert opt.version.startswith("onnx-fp32-") and opt.decision["runtime"].startswith("onnxruntime ")
 
@@ -95,9 +96,9 @@ def test_corrupt_or_stale_artifact_is_rebuilt_not_served(damage, encoder_dir, tm
     else:
         manifest.write_text("{not json")
     with pytest.raises(ValueError):
-        check(folder, folder.name)
+        check(folder, folder.name, (MODEL,))
     again = Variant(settings, "optimized")
-    check(folder, folder.name)  # rebuilt in place, and trustworthy again
+    check(folder, folder.name, (MODEL,))  # rebuilt in place, and trustworthy again
     assert again.version == first.version
     assert torch.allclose(again.rows(TEXTS), first.rows(TEXTS), atol=1e-5)
 
@@ -112,10 +113,10 @@ def test_load_or_build_writes_atomically_and_keeps_nothing_else(tmp_path):
         return {"kept": []}, {"note": 1}
 
     parts = {"recipe": "x"}
-    first = load_or_build(parts, tmp_path, build)
+    first = load_or_build(parts, tmp_path, build, (MODEL,))
     assert first.path.read_bytes() == b"graph" and first.decision == {"kept": []}
     assert sorted(p.name for p in first.path.parent.iterdir()) == [MANIFEST, MODEL]
-    assert load_or_build(parts, tmp_path, build).manifest == first.manifest
+    assert load_or_build(parts, tmp_path, build, (MODEL,)).manifest == first.manifest
     assert len(calls) == 1
     assert [p.name for p in tmp_path.iterdir()] == [artifact_key(parts)]  # no build folder left
 
@@ -126,7 +127,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
         raise RuntimeError("export failed")
 
     with pytest.raises(RuntimeError, match="export failed"):
-        load_or_build({"recipe": "x"}, tmp_path, build)
+        load_or_build({"recipe": "x"}, tmp_path, build, (MODEL,))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -161,3 +162,32 @@ def test_onnx_recipes_refuse_cuda(encoder_dir, onnx_dir):
     with pytest.raises(ValueError, match="CPU only"):
         variant.build("onnx-int8")
     assert weights_digest(encoder_dir) == variant.weights
+
+
+# --- ct2-int8 (CTranslate2), which shares the artifact cache --------------------------------------
+
+
+def test_ct2_int8_converts_caches_and_answers_close_to_fp32(baseline, encoder_dir, tmp_path,
+                                                             monkeypatch):
+    from serve.ct2 import FILES, Ct2Model
+
+    settings = _settings(encoder_dir, tmp_path, "ct2-int8")
+    opt = Variant(settings, "optimized")
+    assert isinstance(opt.model, Ct2Model) and opt.model.threads == torch.get_num_threads()
+    assert opt.version.startswith("ct2-int8-") and opt.decision["runtime"].startswith("ctranslate2")
+    rows, reference = opt.rows(TEXTS), baseline.rows(TEXTS)
+    assert rows.shape == reference.shape
+    assert (rows * reference).sum(-1).min() > 0.95  # int8, so close but not equal
+    folder = opt.model.path.parent
+    check(folder, folder.name, FILES)
+    monkeypatch.setattr("ctranslate2.converters.TransformersConverter",
+                        lambda *_a: pytest.fail("the cached conversion should have been used"))
+    assert Variant(settings, "optimized").version == opt.version
+
+
+def test_ct2_refuses_a_classifier_head(tmp_path):
+    source = make_tiny_encoder(tmp_path / "cls", classifier_labels=("neg", "pos"))
+    settings = Settings(model_path=str(source), optimized_recipe="ct2-int8",
+                        onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
+    with pytest.raises(ValueError, match="sequence classifier"):
+        Variant(settings, "optimized")

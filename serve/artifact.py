@@ -1,10 +1,11 @@
-"""The on-disk cache of ONNX artifacts: built once per key, checked on every load.
+"""The on-disk cache of runtime artifacts (an ONNX graph, a CTranslate2 model): built once per
+key, checked on every load.
 
-A folder per key under the cache root holds `model.onnx` and `manifest.json` (format, key, the
-parts the key hashes, the file's SHA-256, the decision and the evidence of the build). A load
-trusts nothing it has not checked: a missing or unreadable manifest, another format or key, a
-missing file or one whose digest differs (a half-copied or corrupted artifact) is rebuilt,
-never served. A build happens in a private folder renamed into place, so replicas starting
+A folder per key under the cache root holds the artifact's files and `manifest.json` (format,
+key, the parts the key hashes, each file's SHA-256, the decision and the evidence of the build).
+A load trusts nothing it has not checked: a missing or unreadable manifest, another format or
+key, a missing file or one whose digest differs (a half-copied or corrupted artifact) is
+rebuilt, never served. A build happens in a private folder renamed into place, so replicas starting
 together never read half an artifact; the second to finish keeps the first one's.
 """
 
@@ -22,13 +23,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 FORMAT = 1
-MODEL = "model.onnx"
 MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
 class Artifact:
-    path: Path  # the .onnx file
+    path: Path  # the first of its files (the model a runtime opens; its folder holds the rest)
     manifest: dict
 
     @property
@@ -37,7 +37,13 @@ class Artifact:
 
     @property
     def size_bytes(self) -> int:
-        return self.path.stat().st_size
+        return sum((self.path.parent / name).stat().st_size for name in self.manifest["files"])
+
+
+def cache_root() -> Path:
+    """~/.cache/canary-gateway (or under XDG_CACHE_HOME): where built artifacts live."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "canary-gateway"
 
 
 def artifact_key(parts: dict) -> str:
@@ -52,7 +58,7 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check(folder: Path, key: str) -> Artifact:
+def check(folder: Path, key: str, files: tuple[str, ...]) -> Artifact:
     """The artifact in `folder`, or ValueError saying why it cannot be trusted."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -62,24 +68,28 @@ def check(folder: Path, key: str) -> Artifact:
         raise ValueError("manifest of another format")
     if manifest.get("key") != key:
         raise ValueError("manifest of another key")
-    model = folder / MODEL
-    if not model.is_file():
-        raise ValueError("model file missing")
-    if file_digest(model) != manifest.get("sha256"):
-        raise ValueError("model file does not match its digest")
-    return Artifact(model, manifest)
+    digests = manifest.get("files")
+    if not isinstance(digests, dict) or sorted(digests) != sorted(files):
+        raise ValueError("manifest lists other files")
+    for name in files:
+        if not (folder / name).is_file():
+            raise ValueError(f"{name} missing")
+        if file_digest(folder / name) != digests[name]:
+            raise ValueError(f"{name} does not match its digest")
+    return Artifact(folder / files[0], manifest)
 
 
-Build = Callable[[Path], tuple[dict, dict]]  # writes MODEL into a folder -> (decision, evidence)
+Build = Callable[[Path], tuple[dict, dict]]  # writes the files into a folder -> (decision, evidence)
 
 
-def load_or_build(parts: dict, root: Path, build: Build) -> Artifact:
-    """The cached artifact for `parts`, built by `build` when missing or untrustworthy."""
+def load_or_build(parts: dict, root: Path, build: Build, files: tuple[str, ...]) -> Artifact:
+    """The cached artifact for `parts`, built by `build` when missing or untrustworthy; `files`
+    are what the build leaves in its folder (anything else it wrote is removed)."""
     key = artifact_key(parts)
     folder = root / key
     if folder.exists():
         try:
-            return check(folder, key)
+            return check(folder, key, files)
         except ValueError as exc:
             log.warning("onnx artifact %s: %s; rebuilding it", folder, exc)
     root.mkdir(parents=True, exist_ok=True)
@@ -90,10 +100,11 @@ def load_or_build(parts: dict, root: Path, build: Build) -> Artifact:
     try:
         decision, evidence = build(work)
         for leftover in work.iterdir():
-            if leftover.name != MODEL:
-                leftover.unlink()
+            if leftover.name not in files:
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         manifest = {
-            "format": FORMAT, "key": key, "parts": parts, "sha256": file_digest(work / MODEL),
+            "format": FORMAT, "key": key, "parts": parts,
+            "files": {name: file_digest(work / name) for name in files},
             "decision": decision, "evidence": evidence,
             "built_s": round(time.monotonic() - started, 1), "built_at": time.time(),
         }
@@ -102,7 +113,7 @@ def load_or_build(parts: dict, root: Path, build: Build) -> Artifact:
         try:
             work.rename(folder)
         except OSError:  # another replica renamed its build in first: use that one
-            return check(folder, key)
-        return check(folder, key)
+            return check(folder, key, files)
+        return check(folder, key, files)
     finally:
         shutil.rmtree(work, ignore_errors=True)
