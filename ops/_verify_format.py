@@ -29,6 +29,8 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "baseline_version": report.baseline.version,
         "optimized_version": report.optimized.version,
         "recipe": report.optimized.recipe,
+        "auto": _auto(report.optimized),
+        "decision": getattr(report.optimized, "decision", None),
         "plan": None if plan is None else {k: plan[k] for k in ("high_precision", "weights",
                                                                  "int8", "kept", "target")},
         "set": {"path": report.regression.path, "digest": report.regression.digest, "n": s.n},
@@ -58,6 +60,18 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
     }
 
 
+def _auto(variant) -> dict | None:
+    """How `auto` chose the optimized recipe: its one line and every candidate's evidence."""
+    choice = getattr(variant, "choice", None)
+    if choice is None:
+        return None
+    from serve.autopick import describe
+
+    return {"describe": describe(choice), "recipe": choice.recipe, "fallback": choice.fallback,
+            "reason": choice.reason,
+            "evidence": [e.model_dump(exclude={"decision"}) for e in choice.evidence]}
+
+
 def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
     s: Summary = report.summary
     labelled = sum(e.label is not None for e in report.regression.examples)
@@ -71,6 +85,8 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         from serve.plan import describe
 
         lines.append(f"plan       {describe(report.optimized.plan)}")
+    if (auto := _auto(report.optimized)) is not None:
+        lines.append(f"recipe     {auto['describe']}")
     lines += ["", f"top-1 agreement  {_pct(s.agreement)} ({s.agree}/{s.n}), 95% Wilson interval "
                   f"{_pct(s.lower_bound)} - {_pct(s.upper_bound)}"]
     if report.held_out is not None:

@@ -71,6 +71,14 @@ class _Bar:
             self.bar.reset(total=total)
             self.bar.set_description(name)
 
+    def note(self, step) -> None:
+        """A long build's progress (a plan's search step, or a line from `auto` or a runtime
+        recipe's build): shown as the bar's description."""
+        if self.bar is not None and isinstance(step, str):
+            self.bar.set_description(step[:70])
+        elif self.bar is not None:
+            self.bar.update(0)
+
     def step(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)
@@ -90,7 +98,7 @@ def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
         bar.step()
         regression = load_set(settings.regression_set, baseline.labels).limited(limit)
         bar.stage(f"loading {settings.optimized_recipe}", 1)
-        optimized = Variant(settings, "optimized", progress=lambda k, a: bar.step(0))
+        optimized = Variant(settings, "optimized", progress=lambda step, _: bar.note(step))
         bar.step()
         summary, held_out = _agreement(baseline, optimized, regression, bar,
                                        settings.verify_min_margin)

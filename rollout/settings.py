@@ -64,7 +64,14 @@ class Settings(BaseSettings):
     label_template: str = Field("This text is about {}.", description="label description")
     default_task: Literal["classify", "embed"] = "classify"
     max_tokens: int = Field(256, ge=8, le=8192, description="inputs are truncated to this")
-    torch_threads: int = Field(0, ge=0, le=256, description="0: cores / model replicas")
+    torch_threads: int = Field(
+        0, ge=0, le=256, description="threads per model replica; 0: cores / 2 at start, then "
+        "following the share (compute_follows_share)"
+    )
+    compute_follows_share: bool = Field(
+        True, description="with torch_threads 0: each model replica's threads follow the share "
+        "of traffic its arm carries (serve.compute)"
+    )
     hide_native_bf16: bool = Field(
         False,
         description="auto ignores a CPU's native bf16, so that the int8 runtime is measured and "

@@ -249,6 +249,8 @@ def _measure_all(settings: Settings, baseline, hardware: Hardware, measure, prog
     evidence = []
     for recipe in candidates(hardware, hide_native_bf16=settings.hide_native_bf16):
         log.info("auto: measuring %s on %d calibration inputs", recipe, len(texts))
+        if progress is not None:
+            progress(f"auto: measuring {recipe}", None)
         start = clock.monotonic()
         try:
             found = measure(baseline, recipe, texts, thresholds, truth=truth, progress=progress)

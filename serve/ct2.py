@@ -34,12 +34,18 @@ class Ct2Model:
     padded back to the input's width), as the torch encoder it replaces."""
 
     def __init__(self, folder: Path, *, threads: int, size_bytes: int, manifest: dict):
+        self.path, self.manifest = folder / FILES[0], manifest
+        self.size_bytes = size_bytes
+        self.resize(threads)
+
+    def resize(self, threads: int) -> None:
+        """A new encoder on `threads` threads (its count is fixed per encoder)."""
         import ctranslate2
 
-        self.encoder = ctranslate2.Encoder(str(folder), device="cpu", compute_type=COMPUTE_TYPE,
+        self.encoder = ctranslate2.Encoder(str(self.path.parent), device="cpu",
+                                           compute_type=COMPUTE_TYPE,
                                            intra_threads=max(1, threads), inter_threads=1)
-        self.path, self.manifest = folder / FILES[0], manifest
-        self.threads, self.size_bytes = threads, size_bytes
+        self.threads = threads
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
         lengths = attention_mask.sum(1).tolist()

@@ -14,6 +14,7 @@ each on its own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +23,12 @@ from dataclasses import dataclass
 import torch
 from ray import serve
 
+from rollout import open_store
 from rollout.settings import Settings
 from serve.autopick import describe
 from serve.batching import RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
+from serve.compute import ComputeFollower
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
 from serve.variants import Encoded, Variant
@@ -64,6 +67,17 @@ def _carried(exc: BaseException) -> Exception:
     return CallFailed(type(exc).__name__, str(exc))
 
 
+def _startup_log(arm: str):
+    """Progress of a long build (`auto` measuring, a runtime artifact, a plan) in the replica's
+    log: Serve's logger is the one a replica's log shows at INFO."""
+    logger = logging.getLogger("ray.serve")
+
+    def progress(step, value) -> None:
+        logger.info("%s model: %s", arm, step if isinstance(step, str) else f"{step}: {value}")
+
+    return progress
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -73,7 +87,9 @@ class ModelServer:
     def __init__(self, settings: Settings, arm: str):
         torch.set_num_threads(settings.threads_per_model())
         self.arm = arm
-        self.variant = Variant(settings, arm)
+        self.variant = Variant(settings, arm, progress=_startup_log(arm))
+        if self.variant.choice is not None:
+            logging.getLogger("ray.serve").info("%s model: %s", arm, describe(self.variant.choice))
         self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
         self.max_batch_tokens = settings.max_batch_tokens
         self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
@@ -86,6 +102,26 @@ class ModelServer:
         self._batches = 0
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
+        self.threads = torch.get_num_threads()
+        self.compute = None
+        if settings.compute_follows_share and not settings.torch_threads:
+            self.compute = ComputeFollower(
+                open_store(settings), arm, os.cpu_count() or 1, self._threads_wanted,
+                poll_s=settings.state_poll_s, staleness_s=settings.state_staleness_s,
+            )
+            self.compute.start()
+
+    def _threads_wanted(self, threads: int) -> None:
+        """serve.compute asks for another thread count: applied in the forward thread, between
+        batches (torch's count is per thread; a runtime session is rebuilt with it there)."""
+        self._forward_pool.submit(self._set_threads, threads)
+
+    def _set_threads(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        resize = getattr(self.variant.model, "resize", None)
+        if resize is not None:
+            resize(threads)
+        self.threads = threads
 
     def reconfigure(self, user_config: dict) -> None:
         """Live settings (Serve `user_config`, applied without a restart).
@@ -124,6 +160,7 @@ class ModelServer:
             "tasks": ["classify"] if self.variant.has_head else ["classify", "embed"],
             "tokenizer": self.variant.tokenizer_digest,
             "max_batch_size": self.max_batch_size,
+            "threads": self.threads,
             "batch_wait_ms": self.batch_wait_ms,
         }
 
@@ -257,6 +294,9 @@ class ModelServer:
         ]
 
     def __del__(self):
+        compute = getattr(self, "compute", None)
+        if compute is not None:
+            compute.stop()
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.shutdown()

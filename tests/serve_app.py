@@ -116,6 +116,8 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "state_poll_s": 0.2, "state_staleness_s": 1.5, "request_timeout_s": 5.0, "max_items": 8,
         "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
+        # a named recipe: `auto` would measure its candidates at start (serve.autopick)
+        "optimized_recipe": "bf16",
         "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
         # the ramp controller runs in the app as the `controller` Redis user, evaluating often;
         # dashboard actions use the same control connection, with the operator token

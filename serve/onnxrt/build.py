@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from serve.batching import BUCKETS
 from serve.artifact import cache_root, load_or_build
+from serve.batching import BUCKETS
 from serve.onnxrt.calibrate import Score, cpu_flags, quantize, search, weight_type_for
 from serve.onnxrt.export import OPSET, export
 from serve.onnxrt.session import OrtModel

@@ -21,6 +21,7 @@ artifact's key and of the variant's version.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,15 +77,27 @@ def quantize(source: Path, dest: Path, *, weight_type: str, keep: list[str] = ()
              only: list[str] | None = None) -> None:
     """Dynamic int8 of `source` into `dest`: every quantizable node (or `only` those) but `keep`."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.quant_utils import logging as quant_logging
 
-    quant_logging.getLogger().setLevel(logging.ERROR)  # "consider pre-processing" on every call
-    quantize_dynamic(
-        str(source), str(dest), per_channel=True,
-        weight_type=QuantType.QInt8 if weight_type == "s8" else QuantType.QUInt8,
-        op_types_to_quantize=list(OP_TYPES), nodes_to_quantize=list(only or []),
-        nodes_to_exclude=list(keep), extra_options={"DefaultTensorType": 1},  # 1: float
-    )
+    with _quiet_root():
+        quantize_dynamic(
+            str(source), str(dest), per_channel=True,
+            weight_type=QuantType.QInt8 if weight_type == "s8" else QuantType.QUInt8,
+            op_types_to_quantize=list(OP_TYPES), nodes_to_quantize=list(only or []),
+            nodes_to_exclude=list(keep), extra_options={"DefaultTensorType": 1},  # 1: float
+        )
+
+
+@contextlib.contextmanager
+def _quiet_root():
+    """ORT's quantizer warns "consider pre-processing" on the root logger at every call; the
+    root level is restored afterwards (the process's logging is not ours to change)."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def search(source: Path, work: Path, *, weight_type: str, target: float,
@@ -113,7 +126,8 @@ def search(source: Path, work: Path, *, weight_type: str, target: float,
                 f"{tried[k].confident_flips} confident flips")
         return tried[k]
 
-    low, high = 0, len(ranked)  # invariant: keeping `high` nodes reaches the target (k = all is fp32)
+    # invariant: keeping `high` nodes reaches the target (keeping all of them is fp32)
+    low, high = 0, len(ranked)
     while low < high:
         middle = (low + high) // 2
         if try_keep(middle).reaches(target):
@@ -125,6 +139,7 @@ def search(source: Path, work: Path, *, weight_type: str, target: float,
         "weight_type": weight_type, "per_channel": True, "kept": ranked[:high],
         "int8": sorted(ranked[high:]), "target": target,
         "calibration": {"agreement": final.agreement, "confident_flips": final.confident_flips},
-        "tried": {str(k): [round(s.agreement, 6), s.confident_flips] for k, s in sorted(tried.items())},
+        "tried": {str(k): [round(s.agreement, 6), s.confident_flips]
+                  for k, s in sorted(tried.items())},
         "sensitivity": {name: float(f"{errors[name]:.4g}") for name in ranked},
     }

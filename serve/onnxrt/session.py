@@ -22,6 +22,13 @@ class OrtModel:
 
     def __init__(self, path: Path, *, output: str, threads: int, size_bytes: int,
                  manifest: dict | None = None):
+        self.path, self.manifest = path, manifest or {}
+        self.output = output
+        self.size_bytes = size_bytes  # of the artifact: what verify reports as its weights
+        self.resize(threads)
+
+    def resize(self, threads: int) -> None:
+        """A new session on `threads` intra-op threads (its count is fixed per session)."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -31,11 +38,9 @@ class OrtModel:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.path, self.manifest = path, manifest or {}
-        self.output = output
+        self.session = ort.InferenceSession(str(self.path), options,
+                                            providers=["CPUExecutionProvider"])
         self.threads = threads
-        self.size_bytes = size_bytes  # of the artifact: what verify reports as its weights
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
         feed = {"input_ids": input_ids.numpy().astype(np.int64, copy=False),

@@ -9,12 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rollout import Settings, decide
-from serve.variants import recipe_for
+from rollout import decide
 
 pytestmark = pytest.mark.integration
 
-AUTO_CPU = recipe_for("optimized", Settings(), "cpu")  # bf16 on CPUs with native bf16
 
 
 def _arms(gw, keys, workers=16):
@@ -63,7 +61,7 @@ def test_share_hundred_sends_everything_to_optimized(gw):
     gw.set_state(canary_bp=10_000)
     response = gw.predict(["x"])
     assert response.json()["model_version"] == gw.served_state()["serving"]["optimized"]
-    assert response.json()["model_version"].startswith(AUTO_CPU + "-")
+    assert response.json()["model_version"].startswith("bf16-")  # tests.serve_app pins it
     arms = _arms(gw, [f"all-{i}" for i in range(200)])
     assert set(arms.values()) == {"optimized"}
 
@@ -349,3 +347,33 @@ def test_retry_budget_stops_a_sick_canary_from_doubling_the_load(gw):
     for response in responses[1:]:
         assert response.status_code == 503
         assert "retry budget" in response.json()["error"]["message"]
+
+
+def _threads(arm: str) -> int:
+    from ray import serve
+
+    return serve.get_deployment_handle(arm, app_name="canary").info.remote().result()["threads"]
+
+
+def _threads_become(expected: dict[str, int], timeout: float = 15.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while (found := {arm: _threads(arm) for arm in expected}) != expected:
+        assert time.monotonic() < deadline, f"threads {found}, expected {expected}"
+        time.sleep(0.2)
+    return found
+
+
+def test_model_threads_follow_the_share_and_the_kill_switch(gw):
+    """serve.compute in the real app: each model replica watches the rollout state."""
+    import os
+
+    cores = os.cpu_count()
+    if cores < 2:
+        pytest.skip("one core: both arms keep their one thread")
+    gw.redeploy({}, torch_threads=0)  # threads follow the share unless pinned
+    _threads_become({"baseline": cores, "optimized": 1})  # 0 %
+    gw.set_state(canary_bp=10_000)
+    _threads_become({"baseline": 1, "optimized": cores})  # promoted
+    assert gw.predict(["still answers after the resize"]).status_code == 200
+    gw.set_state(canary_bp=10_000, kill=True)
+    _threads_become({"baseline": cores, "optimized": 1})  # the kill switch beats the share

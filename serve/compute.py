@@ -1,0 +1,71 @@
+"""Compute follows the share: a model replica's threads follow the traffic its arm carries.
+
+Each model replica's forward takes `threads` CPU threads (torch's intra-op pool, or an ONNX
+Runtime / CTranslate2 session's). A fixed `cores / 2` each leaves half the machine idle when one
+arm carries the traffic (the baseline below 50 %, the optimized arm after promotion).
+
+Policy (`threads_for`, pure): the arm that carries a share `f` of the traffic gets
+`round(cores * f)` threads, clamped to [1, cores]. Invariants:
+
+- every arm keeps at least one thread, so the arm at 0 % still answers shadow calls and the
+  baseline is never without compute when a kill switch sends it everything;
+- the share counted is the one routed: 0 while the kill switch is on, and 0 while this
+  replica's copy of the state is stale or was never read (the gateway's fail-safe routes all
+  to baseline then, so the baseline must have the cores);
+- at 50 % both arms get half the cores; the two counts never exceed `cores + 1` (an arm at a
+  small share keeps its one thread on top: it is mostly idle, and its pool does not spin).
+
+Mechanism (`ComputeFollower`): the replica watches the rollout state (rollout.watcher, pub/sub
+plus a poll, as a gateway does) and, when the count for its arm changes, asks the replica to
+apply it (in its forward thread, between batches: torch's thread count is per thread, and a
+runtime session is rebuilt with the new count there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from rollout.state import BUCKETS
+from rollout.watcher import StateWatcher
+
+log = logging.getLogger(__name__)
+
+
+def threads_for(arm: str, effective_bp: int, cores: int) -> int:
+    """Threads of `arm` ("baseline" or "optimized") when the optimized arm is routed
+    `effective_bp` basis points of the traffic, on a replica with `cores` CPUs."""
+    optimized = effective_bp / BUCKETS
+    share = optimized if arm == "optimized" else 1 - optimized
+    return max(1, min(cores, round(cores * share)))
+
+
+class ComputeFollower:
+    """Calls `apply(threads)` whenever the thread count for `arm` changes (module docstring)."""
+
+    def __init__(self, store, arm: str, cores: int, apply: Callable[[int], object], *,
+                 poll_s: float, staleness_s: float, clock=None):
+        self.arm, self.cores, self.apply = arm, cores, apply
+        self.threads: int | None = None
+        self.watcher = StateWatcher(store, poll_s=poll_s, staleness_s=staleness_s, clock=clock,
+                                    heartbeat=self.check, heartbeat_s=0.0)
+
+    def wanted(self) -> int:
+        view = self.watcher.view()
+        routed = 0 if view.stale or not view.loaded else view.state.effective_bp
+        return threads_for(self.arm, routed, self.cores)
+
+    def check(self) -> None:
+        """Apply the count the current view asks for, if it changed (runs in the watcher)."""
+        wanted = self.wanted()
+        if wanted != self.threads:
+            log.info("%s model: %d threads for its share of the traffic", self.arm, wanted)
+            self.threads = wanted
+            self.apply(wanted)
+
+    def start(self) -> None:
+        self.watcher.start()
+        self.check()
+
+    def stop(self) -> None:
+        self.watcher.stop(timeout=1)
