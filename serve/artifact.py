@@ -79,7 +79,8 @@ def check(folder: Path, key: str, files: tuple[str, ...]) -> Artifact:
     return Artifact(folder / files[0], manifest)
 
 
-Build = Callable[[Path], tuple[dict, dict]]  # writes the files into a folder -> (decision, evidence)
+# writes the artifact's files into a folder; returns (decision, evidence)
+Build = Callable[[Path], tuple[dict, dict]]
 
 
 def load_or_build(parts: dict, root: Path, build: Build, files: tuple[str, ...]) -> Artifact:

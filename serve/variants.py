@@ -2,8 +2,9 @@
 
 The source is a local Hugging Face folder (default: the packaged all-MiniLM-L6-v2). The baseline
 is the source in fp32; the optimized variant applies a recipe (serve.recipes): int8 dynamic
-quantization, bf16, fp16, an ONNX Runtime graph (serve.onnxrt), the one `auto` measured fastest among
-those that pass the gate on this host (serve.autopick), or one named explicitly, e.g.
+quantization, bf16, fp16, a CPU inference runtime (serve.onnxrt, serve.ct2), the one `auto`
+measured fastest among those that pass the gate on this host (serve.autopick), or one named
+explicitly, e.g.
 `accuracy-aware` with its per-layer plan (serve.plan). A variant's version is a hash of the
 weight files, the recipe and the plan, so the same weights under a different recipe or plan, or
 new weights under the same recipe, are different versions.
@@ -245,7 +246,9 @@ class Variant:
 
                 model, decision = build(self, recipe, self.source, self.weights, say)
             return Built(model, decision=decision)
-        plan = self._plan(self.weights, self.source, progress) if recipe == "accuracy-aware" else None
+        plan = None
+        if recipe == "accuracy-aware":
+            plan = self._plan(self.weights, self.source, progress)
         source = self.model if recipe == "fp32" else copy.deepcopy(self.model)
         return Built(apply_recipe(source, recipe, self.device, plan), plan=plan)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rollout import Settings
-from serve.onnxrt import OrtModel
 from serve.artifact import MANIFEST, artifact_key, check, load_or_build
+from serve.onnxrt import OrtModel
 from serve.onnxrt.build import MODEL
 from serve.onnxrt.calibrate import Score, cpu_flags, quantizable, weight_type_for
 from serve.variants import Variant, variant_version, weights_digest
@@ -49,7 +49,8 @@ def test_fp32_graph_answers_as_torch_does(baseline, encoder_dir, onnx_dir):
     opt = Variant(_settings(encoder_dir, onnx_dir, "onnx-fp32"), "optimized")
     assert isinstance(opt.model, OrtModel) and opt.model.threads == torch.get_num_threads()
     assert torch.allclose(baseline.rows(TEXTS), opt.rows(TEXTS), atol=1e-4)
-    assert opt.version.startswith("onnx-fp32-") and opt.decision["runtime"].startswith("onnxruntime ")
+    assert opt.version.startswith("onnx-fp32-")
+    assert opt.decision["runtime"].startswith("onnxruntime ")
 
 
 def test_int8_is_calibrated_and_its_decision_is_versioned(baseline, int8):
