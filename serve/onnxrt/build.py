@@ -15,7 +15,15 @@ import torch
 
 from serve.artifact import cache_root, load_or_build
 from serve.batching import BUCKETS
-from serve.onnxrt.calibrate import Score, cpu_flags, quantize, search, weight_type_for
+from serve.onnxrt.calibrate import (
+    Score,
+    cpu_flags,
+    node_layers,
+    quantizable,
+    quantize,
+    search,
+    weight_type_for,
+)
 from serve.onnxrt.export import OPSET, export
 from serve.onnxrt.session import OrtModel
 
@@ -77,8 +85,10 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
             fp32.replace(work / MODEL)
             return {"kept": "all"}, {}
         texts, _ = calibration
+        say("measuring each node's int8 sensitivity")
         found = search(fp32, work, weight_type=parts["weight_type"],
                        target=settings.int8_target_agreement,
+                       known=_torch_sensitivity(variant, fp32, texts),
                        **_judges(variant, texts, output, threads), progress=say)
         quantize(fp32, work / MODEL, weight_type=found["weight_type"], keep=found["kept"])
         decision = {k: found[k] for k in ("weight_type", "per_channel", "kept")}
@@ -94,6 +104,21 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
     say(f"{recipe} ready ({artifact.path.parent.name}, {artifact.size_bytes / 2**20:.1f} MiB, "
         f"warmed over {len(widths)} widths)")
     return model, decision
+
+
+def _torch_sensitivity(variant, graph: Path, texts: list[str]) -> dict[str, float]:
+    """Each mappable node's int8 error, from one fp32 torch pass over the sensitivity sample
+    (serve.onnxrt.calibrate, step 1)."""
+    from serve.plan import sensitivity
+    from serve.recipes import linear_names
+
+    mapping = node_layers(quantizable(graph), linear_names(variant.model))
+    if not mapping:
+        return {}
+    sample = texts[::max(1, len(texts) // SENSITIVITY_SAMPLE)]
+    layers = sensitivity(variant.model, lambda model, batch: variant.rows(batch, model=model),
+                         sample)
+    return {node: sum(layers[name] for name in names) for node, names in mapping.items()}
 
 
 def _judges(variant, texts: list[str], output: str, threads: int) -> dict:

@@ -2,10 +2,14 @@
 
 Algorithm (deterministic for given weights, calibration split and settings):
 
-1. **Sensitivity.** For each quantizable node (the fused attention's QKV projection, the
-   attention output, the FFN's two MatMuls), a graph with only that node in int8 runs a sample
-   of the calibration split; its error is the relative squared error of the model's output rows
-   against fp32's.
+1. **Sensitivity.** Each quantizable node (the fused attention's QKV projection, the attention
+   output, the FFN's two MatMuls) gets an error on a sample of the calibration split: where the
+   node maps to torch Linear layers (`node_layers`), one fp32 torch pass measures each layer's
+   int8 output error against its fp32 output (serve.plan.sensitivity; a fused attention sums
+   its query, key and value); a node that maps to none is measured in ONNX Runtime, as the
+   relative squared error of the model's output rows with only that node in int8. The torch
+   pass takes seconds where a graph per node takes minutes; its ranking only orders the
+   search, which measures every candidate graph in ONNX Runtime itself.
 2. **Search.** Nodes are ranked from most to least sensitive. Keeping the `k` most sensitive in
    fp32 and the rest in int8, agreement on the whole calibration split is (nearly) monotone in
    `k`; a binary search finds the smallest `k` whose graph reaches `target` top-1 agreement with
@@ -100,20 +104,45 @@ def _quiet_root():
         root.setLevel(level)
 
 
+def node_layers(nodes: list[str], layers: list[str]) -> dict[str, list[str]]:
+    """The torch Linear layers (names as `model.named_modules` gives them) each ONNX node
+    computes: a MatMul exported from `encoder.layer.0.output.dense` is named
+    `/model/encoder/layer.0/output/dense/MatMul`; the k-th fused Attention node holds layer
+    k's query, key and value. Nodes that map to nothing are left out."""
+    found = {}
+    known = set(layers)
+    for node in nodes:
+        name = node.removesuffix("/MatMul").strip("/").replace("/", ".").removeprefix("model.")
+        if name in known:
+            found[node] = [name]
+    attention = [node for node in nodes if not node.startswith("/")]
+    groups = sorted({name.rsplit(".attention.self.", 1)[0] for name in layers
+                     if ".attention.self." in name},
+                    key=lambda prefix: [int(p) if p.isdigit() else p for p in prefix.split(".")])
+    if len(groups) == len(attention):
+        for node, prefix in zip(attention, groups, strict=True):
+            found[node] = [f"{prefix}.attention.self.{p}" for p in ("query", "key", "value")
+                           if f"{prefix}.attention.self.{p}" in known]
+    return found
+
+
 def search(source: Path, work: Path, *, weight_type: str, target: float,
            error: Callable[[Path], float], score: Callable[[Path], Score],
+           known: dict[str, float] | None = None,
            progress: Callable[[str], None] | None = None) -> dict:
     """Steps 1 and 2 of the module docstring on the fp32 graph `source`; the decision, with the
-    measurements that led to it. `error(path)` runs a graph on the sensitivity sample, `score`
-    on the whole calibration split. Candidate graphs are written into `work`."""
+    measurements that led to it. `known` holds the nodes' errors measured in torch; `error(path)`
+    runs a graph on the sensitivity sample (for the other nodes), `score` on the whole
+    calibration split. Candidate graphs are written into `work`."""
     say = progress or (lambda _line: None)
     nodes = quantizable(source)
-    errors = {}
-    for i, node in enumerate(nodes):
+    errors = {node: known[node] for node in nodes if known and node in known}
+    in_torch = sorted(errors)
+    for i, node in enumerate(node for node in nodes if node not in errors):
         probe = work / "probe.onnx"
         quantize(source, probe, weight_type=weight_type, only=[node])
         errors[node] = error(probe)
-        say(f"sensitivity {i + 1}/{len(nodes)}: {node} {errors[node]:.2e}")
+        say(f"sensitivity in ONNX Runtime {i + 1}: {node} {errors[node]:.2e}")
     ranked = sorted(nodes, key=lambda name: (-errors[name], name))
     tried: dict[int, Score] = {}
 
@@ -142,4 +171,5 @@ def search(source: Path, work: Path, *, weight_type: str, target: float,
         "tried": {str(k): [round(s.agreement, 6), s.confident_flips]
                   for k, s in sorted(tried.items())},
         "sensitivity": {name: float(f"{errors[name]:.4g}") for name in ranked},
+        "sensitivity_in_torch": in_torch,
     }

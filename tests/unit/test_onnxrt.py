@@ -9,7 +9,7 @@ from rollout import Settings
 from serve.artifact import MANIFEST, artifact_key, check, load_or_build
 from serve.onnxrt import OrtModel
 from serve.onnxrt.build import MODEL
-from serve.onnxrt.calibrate import Score, cpu_flags, quantizable, weight_type_for
+from serve.onnxrt.calibrate import Score, cpu_flags, node_layers, quantizable, weight_type_for
 from serve.variants import Variant, variant_version, weights_digest
 from tests.tiny_model import make_tiny_encoder
 
@@ -60,6 +60,9 @@ def test_int8_is_calibrated_and_its_decision_is_versioned(baseline, int8):
     nodes = quantizable(int8.model.path.parent / MODEL)  # what stayed float in the int8 graph
     assert set(decision["kept"]) <= set(manifest["evidence"]["sensitivity"])
     assert len(manifest["evidence"]["sensitivity"]) == 8  # 2 layers: QKV, out, FFN in, FFN out
+    # every node mapped to its torch Linear layers: one torch pass ranked them all
+    evidence = manifest["evidence"]
+    assert evidence["sensitivity_in_torch"] == sorted(evidence["sensitivity"])
     assert sorted(nodes) == sorted(decision["kept"])
     assert manifest["evidence"]["calibration"]["confident_flips"] == 0
     assert manifest["evidence"]["calibration"]["agreement"] >= 0.99
@@ -192,3 +195,18 @@ def test_ct2_refuses_a_classifier_head(tmp_path):
                         onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
     with pytest.raises(ValueError, match="sequence classifier"):
         Variant(settings, "optimized")
+
+
+def test_nodes_map_to_the_torch_layers_they_compute():
+    layers = [f"encoder.layer.{i}.{part}" for i in range(2) for part in (
+        "attention.self.query", "attention.self.key", "attention.self.value",
+        "attention.output.dense", "intermediate.dense", "output.dense")]
+    nodes = ["Attention_0", "/model/encoder/layer.0/attention/output/dense/MatMul",
+             "/model/encoder/layer.0/output/dense/MatMul", "Attention_1",
+             "/model/encoder/layer.1/intermediate/dense/MatMul", "/model/pooler/dense/MatMul"]
+    found = node_layers(nodes, layers)
+    assert found["Attention_1"] == [f"encoder.layer.1.attention.self.{p}"
+                                    for p in ("query", "key", "value")]
+    assert found["/model/encoder/layer.0/output/dense/MatMul"] == ["encoder.layer.0.output.dense"]
+    assert "/model/pooler/dense/MatMul" not in found  # no such layer: measured in ORT instead
+    assert node_layers(["Attention_0"], layers) == {}  # one Attention for two layers: no guess
