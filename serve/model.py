@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -68,12 +69,15 @@ def _carried(exc: BaseException) -> Exception:
 
 
 def _startup_log(arm: str):
-    """Progress of a long build (`auto` measuring, a runtime artifact, a plan) in the replica's
-    log: Serve's logger is the one a replica's log shows at INFO."""
+    """Progress of a long build (`auto` measuring, a runtime artifact, a plan): in the replica's
+    log (Serve's logger), and on its stderr, which `serve run` shows as it happens (the replica
+    log is buffered in Serve's throughput mode, and a first start measures for minutes)."""
     logger = logging.getLogger("ray.serve")
 
     def progress(step, value) -> None:
-        logger.info("%s model: %s", arm, step if isinstance(step, str) else f"{step}: {value}")
+        line = f"{arm} model: {step if isinstance(step, str) else f'{step}: {value}'}"
+        logger.info("%s", line)
+        print(line, file=sys.stderr, flush=True)
 
     return progress
 
@@ -89,7 +93,7 @@ class ModelServer:
         self.arm = arm
         self.variant = Variant(settings, arm, progress=_startup_log(arm))
         if self.variant.choice is not None:
-            logging.getLogger("ray.serve").info("%s model: %s", arm, describe(self.variant.choice))
+            _startup_log(arm)(describe(self.variant.choice), None)
         self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
         self.max_batch_tokens = settings.max_batch_tokens
         self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
