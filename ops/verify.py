@@ -8,8 +8,10 @@ both, and measures, side by side in one run:
 - throughput of both variants at each of `verify_batch_sizes`, on the same inputs (an evenly
   spaced sample of the set), tokenization included, in two orders:
   - *served*: length-sorted and cut into batches as the server batches them
-    (serve.batching.served_batches), so a batch is padded to the bucket of similar inputs. The
-    `speedup` the gate judges is this ratio at `verify_speed_batch`;
+    (serve.batching.served_batches), each forwarded as a replica forwards a merged batch
+    (`Variant.served`: packed under the token budget, split where padding would cost more than
+    another forward), so rows are padded to the bucket of similar inputs. The `speedup` the gate
+    judges is this ratio at `verify_speed_batch`;
   - *set order*: batches as the set lists the inputs, whose width one long input sets (the
     figure verify reported before, `speedup_set_order`, kept for comparison).
   Variants and orders are interleaved round by round and the best of the rounds kept, so that
@@ -177,22 +179,28 @@ def _best_times(variants: dict[str, Variant], orders: dict[str, list[list[str]]]
     """Best-of-`rounds` seconds of one pass over each order's batches, per arm (keyed
     arm + order suffix); arms and orders interleaved within each round."""
     for variant in variants.values():  # warm-up: first shapes, lazy init, compilation
-        for batches in orders.values():
-            _pass(variant, batches[:1])
+        for suffix, batches in orders.items():
+            _pass(variant, batches[:1], served=not suffix)
     best: dict[str, float] = {}
     for _ in range(rounds):
         for suffix, batches in orders.items():
             for arm, variant in variants.items():
                 key = arm + suffix
-                best[key] = min(best.get(key, float("inf")), _pass(variant, batches))
+                seconds = _pass(variant, batches, served=not suffix)
+                best[key] = min(best.get(key, float("inf")), seconds)
                 bar.step()
     return best
 
 
-def _pass(variant: Variant, batches: list[list[str]]) -> float:
+def _pass(variant: Variant, batches: list[list[str]], served: bool = True) -> float:
+    """Seconds to answer `batches`: tokenize, forward, postprocess. `served`: each batch is
+    forwarded as a replica forwards a merged batch (packed under the token budget, split where
+    padding costs more than a forward: `Variant.served`); else as one padded forward."""
     start = time.perf_counter()
     for texts in batches:
-        variant.postprocess("classify", variant.embed_batch([variant.encode(texts)])[0])
+        rows = (variant.served(texts) if served
+                else variant.embed_batch([variant.encode(texts)])[0])
+        variant.postprocess("classify", rows)
     return time.perf_counter() - start
 
 
@@ -212,7 +220,7 @@ def _peak_bytes(variant: Variant, batches: list[list[str]]) -> int:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        _pass(variant, batches)
+        _pass(variant, batches, served=False)  # one padded forward: the worst case
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
     before = _rss()
@@ -226,7 +234,7 @@ def _peak_bytes(variant: Variant, batches: list[list[str]]) -> int:
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     try:
-        _pass(variant, batches)
+        _pass(variant, batches, served=False)  # one padded forward: the worst case
     finally:
         done.set()
         thread.join()

@@ -31,7 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from rollout.settings import Settings
-from serve.batching import padded_width
+from serve.batching import padded_width, run_budgeted
 from serve.onnxrt import ONNX_RECIPES
 from serve.recipes import apply_recipe
 
@@ -309,6 +309,17 @@ class Variant:
         """Forward a merged batch at once; one tensor per request (rows = its inputs)."""
         rows = [row for item in batch for row in item.ids]
         return list(self.forward_rows(rows, model).split([len(item.ids) for item in batch]))
+
+    def served(self, texts: list[str], model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Rows of `texts` forwarded as a model replica forwards one merged batch of them:
+        packed under `max_batch_tokens`, and split where padding would cost more than another
+        forward (serve.batching.run_budgeted, with this variant's `split_tokens`)."""
+        [rows] = run_budgeted([self.encode(texts).ids],
+                              lambda batch: self.forward_rows(batch, model),
+                              self.settings.max_batch_tokens, self.split_tokens)
+        if isinstance(rows, Exception):
+            raise rows
+        return rows
 
     def rows(self, texts: list[str], batch_size: int = 32, model: torch.nn.Module | None = None
              ) -> torch.Tensor:

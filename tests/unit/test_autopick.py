@@ -315,6 +315,9 @@ class StubVariant:
         self.clock.advance(len(ids) * (model.cost if model else 3.0))
         return [torch.stack([self.row(row[0], model) for row in ids])]
 
+    def served(self, texts, model=None):  # one merged batch, as a replica forwards it
+        return self.embed_batch([self.encode(texts)], model=model)[0]
+
     def rows(self, texts, batch_size=32, model=None):
         return torch.stack([self.row(self._id(t), model) for t in texts])
 

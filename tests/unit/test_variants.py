@@ -143,3 +143,19 @@ def test_fp16_graphs_is_refused_on_cpu(encoder_dir):
     with pytest.raises(ValueError, match="CUDA only"):
         Variant(Settings(model_path=str(encoder_dir), optimized_recipe="fp16-graphs"),
                 "optimized")
+
+
+def test_served_rows_are_packed_as_a_replica_packs_them(encoder_dir, monkeypatch):
+    """`Variant.served` (what verify and `auto` time as served traffic) forwards a batch under
+    the token budget, as ModelServer does, with the same answers as one padded forward."""
+    settings = Settings(model_path=str(encoder_dir), max_tokens=64, max_batch_tokens=64)
+    variant = Variant(settings, "baseline")
+    texts = ["short", "a bit longer than that one", "word " * 40, "x"]
+    widths = []
+    forward = variant.forward_rows
+    monkeypatch.setattr(variant, "forward_rows",
+                        lambda rows, model=None: widths.append(len(rows)) or forward(rows, model))
+    served = variant.served(texts)
+    assert len(widths) > 1  # 4 rows over a 64-token budget: more than one forward
+    whole = variant.embed_batch([variant.encode(texts)])[0]
+    assert torch.allclose(served, whole, atol=1e-5)
