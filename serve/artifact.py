@@ -41,9 +41,15 @@ class Artifact:
 
 
 def cache_root() -> Path:
-    """~/.cache/canary-gateway (or under XDG_CACHE_HOME): where built artifacts live."""
+    """~/.cache/canary-gateway (or under XDG_CACHE_HOME): the root of every cache the project
+    keeps (artifacts, `auto` choices, accuracy-aware plans)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "canary-gateway"
+
+
+def artifact_root(setting: str | None) -> Path:
+    """Where runtime artifacts are cached: the `onnx_dir` setting, or `cache_root()/onnx`."""
+    return Path(setting).expanduser() if setting else cache_root() / "onnx"
 
 
 def artifact_key(parts: dict) -> str:

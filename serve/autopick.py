@@ -53,6 +53,7 @@ from rollout.clock import Clock, SystemClock
 from rollout.settings import Settings
 from rollout.verdict import thresholds_from
 from serve._autopick_measure import Evidence, measure
+from serve.artifact import cache_root
 from serve.regression import load_set
 
 log = logging.getLogger("canary.autopick")
@@ -65,7 +66,7 @@ ANSWER_SETTINGS = {"labels", "label_template", "max_tokens", "int8_target_agreem
 
 __all__ = [
     "Choice", "Evidence", "Hardware", "cached_choice", "candidates", "choice_dir", "choose",
-    "cpu_flags", "describe", "detect_hardware", "measure",
+    "cpu_flags", "describe", "detect_hardware", "measure", "read_cpu_flags",
 ]
 
 
@@ -95,6 +96,15 @@ def cpu_flags(cpuinfo: str) -> tuple[str, ...]:
     return tuple(flag for flag in CPU_FLAGS if flag in common)
 
 
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """The CPU_FLAGS this machine's `cpuinfo` lists for every processor (none where unreadable:
+    a feature is never assumed)."""
+    try:
+        return cpu_flags(cpuinfo.read_text())
+    except OSError:
+        return ()
+
+
 def detect_hardware(device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> Hardware:
     """This machine's Hardware for `device` (CPU flags read from `cpuinfo`, never assumed)."""
     if device == "cuda":
@@ -105,11 +115,7 @@ def detect_hardware(device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> Hardw
                         capability=tuple(torch.cuda.get_device_capability()))
     from serve.plan import bf16_native
 
-    try:
-        flags = cpu_flags(cpuinfo.read_text())
-    except OSError:
-        flags = ()
-    return Hardware("cpu", bf16_native(), flags)
+    return Hardware("cpu", bf16_native(), read_cpu_flags(cpuinfo))
 
 
 def candidates(hardware: Hardware, *, hide_native_bf16: bool = False) -> tuple[str, ...]:
@@ -221,8 +227,7 @@ def library_versions() -> dict[str, str | None]:
 
 
 def default_choice_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "canary-gateway" / "auto"
+    return cache_root() / "auto"
 
 
 def choice_dir(settings: Settings) -> Path:

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from serve.artifact import cache_root, load_or_build
+from serve.artifact import artifact_root, load_or_build
 
 log = logging.getLogger(__name__)
 FILES = ("model.bin", "config.json", "vocabulary.json")
@@ -57,15 +57,6 @@ class Ct2Model:
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, missing))
         return SimpleNamespace(last_hidden_state=hidden)
 
-    def warm(self, widths, batch_sizes=(1, 8)) -> int:
-        runs = 0
-        for rows in batch_sizes:
-            for width in widths:
-                ids = torch.full((rows, width), 100, dtype=torch.long)
-                self(input_ids=ids, attention_mask=torch.ones_like(ids))
-                runs += 1
-        return runs
-
 
 def _with_defaults(source: Path, work: Path) -> Path:
     """`source` as the converter reads it: a folder of links to its files, with the config's
@@ -90,15 +81,13 @@ def build(variant, source: Path, weights: str, progress=None) -> tuple[Ct2Model,
     import ctranslate2
     import transformers
 
-    from serve.batching import BUCKETS
-
     if variant.has_head:
         raise ValueError("ct2-int8 serves encoders; this model is a sequence classifier")
     say = progress or (lambda line: log.info("ct2: %s", line))
     parts = {"recipe": "ct2-int8", "weights": weights, "ctranslate2": ctranslate2.__version__,
              "transformers": transformers.__version__, "quantization": "int8"}
     settings = variant.settings
-    root = Path(settings.onnx_dir).expanduser() if settings.onnx_dir else cache_root() / "onnx"
+    root = artifact_root(settings.onnx_dir)
 
     def convert(work: Path) -> tuple[dict, dict]:
         say(f"converting {source.name} to CTranslate2 int8")
@@ -111,7 +100,6 @@ def build(variant, source: Path, weights: str, progress=None) -> tuple[Ct2Model,
     artifact = load_or_build(parts, root, convert, FILES)
     model = Ct2Model(artifact.path.parent, threads=torch.get_num_threads(),
                      size_bytes=artifact.size_bytes, manifest=artifact.manifest)
-    model.warm([w for w in BUCKETS if w <= variant.max_tokens])
     decision = {"recipe": "ct2-int8", "runtime": f"ctranslate2 {ctranslate2.__version__}",
                 "compute_type": COMPUTE_TYPE, **artifact.decision}
     say(f"ct2-int8 ready ({artifact.path.parent.name}, {artifact.size_bytes / 2**20:.1f} MiB)")

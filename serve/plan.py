@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from serve.artifact import cache_root
 from serve.recipes import Int8Linear, apply_plan, linear_names
 
 SHIPPED_PLANS = Path(__file__).resolve().parent / "plans"
@@ -66,8 +67,7 @@ def plan_digest(plan: dict) -> str:
 
 
 def default_plan_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "canary-gateway" / "plans"
+    return cache_root() / "plans"
 
 
 def find_plan(key: str, plan_dir: Path | None) -> dict | None:

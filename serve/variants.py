@@ -31,7 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from rollout.settings import Settings
-from serve.batching import padded_width, run_budgeted
+from serve.batching import BUCKETS, padded_width, run_budgeted
 from serve.onnxrt import ONNX_RECIPES
 from serve.recipes import apply_recipe
 
@@ -245,12 +245,23 @@ class Variant:
                 from serve.onnxrt.build import build
 
                 model, decision = build(self, recipe, self.source, self.weights, say)
+            self.warm(model)
             return Built(model, decision=decision)
         plan = None
         if recipe == "accuracy-aware":
             plan = self._plan(self.weights, self.source, progress)
         source = self.model if recipe == "fp32" else copy.deepcopy(self.model)
         return Built(apply_recipe(source, recipe, self.device, plan), plan=plan)
+
+    def warm(self, model, batch_sizes: tuple[int, ...] = (1, 8)) -> int:
+        """One forward per (batch size, padding width the server uses): a runtime (ONNX Runtime,
+        CTranslate2) prepares its kernels per shape on first use, which would otherwise land on
+        the first requests. Returns the forwards made."""
+        widths = [width for width in BUCKETS if width <= self.max_tokens]
+        for rows in batch_sizes:
+            for width in widths:
+                self.forward_rows([[100] * width] * rows, model)
+        return len(widths) * len(batch_sizes)
 
     def _plan(self, weights: str, path: Path, progress) -> dict:
         """The cached plan for these weights and settings, computed and stored when missing."""

@@ -7,8 +7,8 @@
 
 The artifact is built once per key (weights, recipe, runtime versions, calibration settings,
 weight type) and cached on disk (serve.artifact); replicas load it, check its digest and
-warm it over the server's padding widths (serve.onnxrt.session). Tokenizer, padding, pooling and
-label embeddings stay with `serve.variants.Variant`, shared with the torch path.
+warm it over the server's padding widths (`serve.variants.Variant.warm`). Tokenizer, padding,
+pooling and label embeddings stay with `serve.variants.Variant`, shared with the torch path.
 """
 
 from serve.onnxrt.session import OrtModel

@@ -1,4 +1,4 @@
-"""An ONNX recipe for a `serve.variants.Variant`: export, calibrate, cache, load, warm.
+"""An ONNX recipe for a `serve.variants.Variant`: export, calibrate, cache, load.
 
 The variant supplies the source folder, its fp32 torch model (the reference the calibration
 search compares against), its tokenizer and scoring (so the search judges exactly what the
@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 
-from serve.artifact import cache_root, load_or_build
-from serve.batching import BUCKETS
+from serve.artifact import artifact_root, load_or_build
+from serve.autopick import read_cpu_flags
 from serve.onnxrt.calibrate import (
     Score,
-    cpu_flags,
     node_layers,
     quantizable,
     quantize,
@@ -30,10 +29,6 @@ from serve.onnxrt.session import OrtModel
 log = logging.getLogger(__name__)
 MODEL = "model.onnx"
 SENSITIVITY_SAMPLE = 160  # calibration inputs each node's sensitivity is measured on
-
-
-def default_onnx_dir() -> Path:
-    return cache_root() / "onnx"
 
 
 def _versions() -> dict:
@@ -51,7 +46,7 @@ def key_parts(variant, recipe: str, weights: str, calibration_digest: str | None
     if recipe == "onnx-int8":
         settings = variant.settings
         parts.update(
-            weight_type=weight_type_for(cpu_flags()), set=calibration_digest,
+            weight_type=weight_type_for(read_cpu_flags()), set=calibration_digest,
             target=settings.int8_target_agreement, min_margin=settings.verify_min_margin,
             labels=list(variant.labels), template=settings.label_template,
             max_tokens=variant.max_tokens,
@@ -75,7 +70,7 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
         calibration = ([regression.examples[i].text for i in regression.calibration()],
                        regression.digest)
     parts = key_parts(variant, recipe, weights, calibration[1] if calibration else None)
-    root = Path(settings.onnx_dir).expanduser() if settings.onnx_dir else default_onnx_dir()
+    root = artifact_root(settings.onnx_dir)
 
     def make(work: Path) -> tuple[dict, dict]:
         say(f"exporting {source.name} to ONNX")
@@ -97,12 +92,9 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
     artifact = load_or_build(parts, root, make, (MODEL,))
     model = OrtModel(artifact.path, output=output, threads=threads, size_bytes=artifact.size_bytes,
                      manifest=artifact.manifest)
-    widths = [w for w in BUCKETS if w <= variant.max_tokens]
-    model.warm(widths)
     decision = {"recipe": recipe, "runtime": f"onnxruntime {parts['onnxruntime']}",
                 "graph_optimization": "all", **artifact.decision}
-    say(f"{recipe} ready ({artifact.path.parent.name}, {artifact.size_bytes / 2**20:.1f} MiB, "
-        f"warmed over {len(widths)} widths)")
+    say(f"{recipe} ready ({artifact.path.parent.name}, {artifact.size_bytes / 2**20:.1f} MiB)")
     return model, decision
 
 

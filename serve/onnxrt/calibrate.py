@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,20 +45,10 @@ class Score:
         return self.agreement >= target and self.confident_flips == 0
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The feature flags of this CPU as the kernel lists them (empty where unreadable)."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def weight_type_for(flags: frozenset[str]) -> str:
-    """`s8` (U8S8) with VNNI, `u8` (U8U8) without: see the module docstring."""
-    return "s8" if flags & VNNI_FLAGS else "u8"
+def weight_type_for(flags: Iterable[str]) -> str:
+    """`s8` (U8S8) with VNNI, `u8` (U8U8) without, given the CPU's flags
+    (serve.autopick.read_cpu_flags): see the module docstring."""
+    return "s8" if VNNI_FLAGS.intersection(flags) else "u8"
 
 
 def quantizable(path: Path) -> list[str]:

@@ -8,7 +8,6 @@ gateway on the same cores.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,14 +46,3 @@ class OrtModel:
                 "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)}
         (out,) = self.session.run([self.output], feed)
         return SimpleNamespace(**{self.output: torch.from_numpy(out)})
-
-    def warm(self, widths: Iterable[int], batch_sizes: Iterable[int] = (1, 8)) -> int:
-        """One run per (batch size, padding width): ORT prepares kernels per shape on first use,
-        which would otherwise land on the first requests. Returns the runs made."""
-        runs = 0
-        for rows in batch_sizes:
-            for width in widths:
-                ids = torch.zeros(rows, width, dtype=torch.long)
-                self(input_ids=ids, attention_mask=torch.ones_like(ids))
-                runs += 1
-        return runs

@@ -7,9 +7,11 @@ import torch
 
 from rollout import Settings
 from serve.artifact import MANIFEST, artifact_key, check, load_or_build
+from serve.autopick import read_cpu_flags
+from serve.batching import BUCKETS
 from serve.onnxrt import OrtModel
 from serve.onnxrt.build import MODEL
-from serve.onnxrt.calibrate import Score, cpu_flags, node_layers, quantizable, weight_type_for
+from serve.onnxrt.calibrate import Score, node_layers, quantizable, weight_type_for
 from serve.variants import Variant, variant_version, weights_digest
 from tests.tiny_model import make_tiny_encoder
 
@@ -56,7 +58,7 @@ def test_fp32_graph_answers_as_torch_does(baseline, encoder_dir, onnx_dir):
 def test_int8_is_calibrated_and_its_decision_is_versioned(baseline, int8):
     manifest = int8.model.manifest
     decision = manifest["decision"]
-    assert decision["weight_type"] == weight_type_for(cpu_flags())
+    assert decision["weight_type"] == weight_type_for(read_cpu_flags())
     nodes = quantizable(int8.model.path.parent / MODEL)  # what stayed float in the int8 graph
     assert set(decision["kept"]) <= set(manifest["evidence"]["sensitivity"])
     assert len(manifest["evidence"]["sensitivity"]) == 8  # 2 layers: QKV, out, FFN in, FFN out
@@ -150,8 +152,9 @@ def test_weight_type_follows_vnni(tmp_path):
     assert weight_type_for(frozenset({"avx2", "fma"})) == "u8"
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")
-    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
-    assert cpu_flags(tmp_path / "missing") == frozenset()
+    assert read_cpu_flags(cpuinfo) == ("avx2",)  # the flags that decide recipes, listed by all
+    assert weight_type_for(read_cpu_flags(cpuinfo)) == "u8"
+    assert read_cpu_flags(tmp_path / "missing") == ()
 
 
 def test_search_score_reaches_needs_no_confident_flip():
@@ -210,3 +213,16 @@ def test_nodes_map_to_the_torch_layers_they_compute():
     assert found["/model/encoder/layer.0/output/dense/MatMul"] == ["encoder.layer.0.output.dense"]
     assert "/model/pooler/dense/MatMul" not in found  # no such layer: measured in ORT instead
     assert node_layers(["Attention_0"], layers) == {}  # one Attention for two layers: no guess
+
+
+def test_a_runtime_is_warmed_over_every_padding_width(baseline):
+    calls = []
+
+    def model(input_ids, attention_mask):
+        calls.append(tuple(input_ids.shape))
+        return baseline.model(input_ids=input_ids, attention_mask=attention_mask)
+
+    runs = baseline.warm(model)
+    widths = [w for w in BUCKETS if w <= baseline.max_tokens]
+    assert runs == len(calls) == 2 * len(widths)
+    assert calls == [(rows, width) for rows in (1, 8) for width in widths]
