@@ -202,6 +202,14 @@ class Settings(BaseSettings):
     gateway_max_in_flight: int = Field(
         128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
     )
+    gateway_max_uploading: int = Field(
+        512, ge=1, le=100_000,
+        description="requests a gateway replica receives bodies for at once; 503 above",
+    )
+    body_timeout_s: float = Field(
+        5.0, gt=0, le=600,
+        description="time a request's body has to arrive after its headers; 408 past it",
+    )
     model_max_queued_requests: int = Field(
         256, ge=-1, le=1_000_000, description="requests waiting per model deployment; -1: no bound"
     )
@@ -240,6 +248,10 @@ class Settings(BaseSettings):
         15.0, gt=0, le=3_600, description="a controller that stops renewing loses its lease"
     )
     ramp_controller_num_cpus: float = Field(0.05, ge=0, le=8)
+    ramp_audit_heartbeat_s: float = Field(
+        300.0, gt=0, le=86_400,
+        description="a ramp evaluation that changes nothing is audited at most this often",
+    )
 
     @field_validator("labels", mode="before")
     @classmethod
