@@ -202,8 +202,21 @@ class Settings(BaseSettings):
     gateway_max_in_flight: int = Field(
         128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
     )
+    gateway_adaptive_admission: bool = Field(
+        True, description="the in-flight limit follows measured queueing (serve.admission); "
+        "off: gateway_max_in_flight is the limit",
+    )
+    gateway_min_in_flight: int = Field(
+        4, ge=1, le=100_000,
+        description="the adaptive in-flight limit never goes below this (nor above the max)"
+    )
+    gateway_queue_target_ms: float = Field(
+        50.0, ge=0, le=60_000,
+        description="queueing an answered request may see (or one forward, if longer) "
+        "before the adaptive limit shrinks",
+    )
     gateway_max_uploading: int = Field(
-        512, ge=1, le=100_000,
+        256, ge=1, le=100_000,
         description="requests a gateway replica receives bodies for at once; 503 above",
     )
     body_timeout_s: float = Field(

@@ -13,11 +13,15 @@ forward grow with rows x padded width, so rows are not forwarded all at once:
    15 short inputs and one of 256 tokens is two forwards, not 16 rows of 256).
 2. Forward each chunk. If a chunk runs out of memory, it is split in halves and each half is
    retried; a single row that still does not fit fails on its own.
+   Before each chunk, the rows of requests whose deadline has passed (`expired`) are dropped:
+   nobody waits for them any more, so an overloaded replica spends its forwards on requests
+   that can still be answered, and wasted work is bounded by one chunk.
 3. Reassemble rows in their original order, per request. A request any of whose rows failed
    fails as a whole (all-or-nothing per request), with the indexes of its failed inputs; the
    other requests of the batch are unaffected.
 
-Invariant: every row is forwarded exactly once or reported failed; nothing is dropped.
+Invariant: every row is forwarded exactly once or reported failed (did not fit, or its request
+expired); nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -38,6 +42,17 @@ class RowsDidNotFit(Exception):
 
     def __reduce__(self):  # crosses process boundaries (Ray) with its fields intact
         return type(self), (self.indexes, self.reason)
+
+
+class Expired(Exception):
+    """The request's deadline passed before its rows were forwarded; they were not."""
+
+    def __init__(self, reason: str = "the deadline passed before the forward"):
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (self.reason,)
 
 
 @dataclass(frozen=True)
@@ -102,9 +117,11 @@ def run_budgeted(
     forward: Callable[[list[Sequence[int]]], torch.Tensor],
     max_batch_tokens: int,
     split_tokens: int | None = None,
-) -> list[torch.Tensor | RowsDidNotFit]:
+    expired: Callable[[int], bool] | None = None,
+) -> list[torch.Tensor | RowsDidNotFit | Expired]:
     """Forward every row of every request under the budget; per request, its output rows in
-    order, or the RowsDidNotFit that failed it."""
+    order, or the RowsDidNotFit that failed it, or Expired when `expired(request)` said, before
+    one of its chunks, that nobody waits for it any more."""
     rows = [_Row(r, i, ids) for r, request in enumerate(requests) for i, ids in enumerate(request)]
     results: dict[tuple[int, int], torch.Tensor] = {}
     failed: dict[int, list[int]] = {}
@@ -128,12 +145,21 @@ def run_budgeted(
         for row, vector in zip(chunk, out, strict=True):
             results[(row.request, row.index)] = vector
 
+    gone: set[int] = set()
     for chunk in pack(rows, max_batch_tokens, split_tokens):
+        if expired is not None:
+            gone.update(r for r in {row.request for row in chunk} - gone
+                        if r not in failed and expired(r))
+            chunk = [row for row in chunk if row.request not in gone]
+            if not chunk:
+                continue
         attempt(chunk)
 
-    answers: list[torch.Tensor | RowsDidNotFit] = []
+    answers: list[torch.Tensor | RowsDidNotFit | Expired] = []
     for r, request in enumerate(requests):
-        if r in failed:
+        if r in gone:
+            answers.append(Expired())
+        elif r in failed:
             answers.append(RowsDidNotFit(sorted(failed[r]), reasons[r]))
         else:
             answers.append(torch.stack([results[(r, i)] for i in range(len(request))]))

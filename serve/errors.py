@@ -1,6 +1,8 @@
 """The gateway's domain errors, and the one place they become HTTP responses.
 
     GatewayError
+    ├── BodyTimeout       408  the body did not arrive within `body_timeout_s` of the headers
+    ├── ClientGone        499  the client went away before its answer (recorded; nobody reads it)
     ├── InvalidInput      422  malformed JSON, wrong types, empty inputs, unknown task
     ├── InputTooLarge     413  more items, characters or bytes than the configured limits
     ├── KeyReused         409  an Idempotency-Key already used for a different request
@@ -8,6 +10,9 @@
     ├── Overloaded        503  a model's queue is full (with Retry-After)
     ├── ModelTimeout      504  the model call passed its deadline (and was cancelled)
     └── ModelFailed       503  the model raised or its replica died (with Retry-After)
+
+Overloaded is also the gateway's own shedding: past its adaptive in-flight limit
+(serve.admission), or with `gateway_max_uploading` bodies being received.
 
 The handlers only translate; nothing below the gateway's edge knows about status codes.
 """
@@ -25,6 +30,14 @@ class GatewayError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+class BodyTimeout(GatewayError):
+    status, type = 408, "body_timeout"
+
+
+class ClientGone(GatewayError):
+    status, type = 499, "client_disconnected"
 
 
 class InvalidInput(GatewayError):

@@ -28,6 +28,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rollout import (
     Arm,
@@ -41,11 +42,15 @@ from rollout import (
     open_store,
 )
 from rollout.budget import RetryBudget
-from serve.batching import RowsDidNotFit
+from serve import ingress
+from serve.admission import AdaptiveLimit, Slot
+from serve.batching import Expired, RowsDidNotFit
 from serve.coalesce import CallFailed, Coalescer
 from serve.dashboard import DashboardRoutes
 from serve.dashboard import router as dashboard_router
 from serve.errors import (
+    BodyTimeout,
+    ClientGone,
     GatewayError,
     InProgress,
     InputTooLarge,
@@ -59,6 +64,7 @@ from serve.errors import (
     to_response,
 )
 from serve.idempotent import REPLAYED, Idempotency
+from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE
 from serve.observe import Observation, Observer
 from serve.preprocess import Preprocessor
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
@@ -116,9 +122,24 @@ def _model_error(arm: Arm, exc: Exception) -> GatewayError:
     cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
     if isinstance(cause, RowsDidNotFit):
         return InputTooLarge(str(cause))
+    if isinstance(cause, Expired):  # the replica dropped it: its deadline passed in the queue
+        return ModelTimeout(f"the {arm.value} model did not reach the request in time")
     kind = cause.kind if isinstance(cause, CallFailed) else type(exc).__name__
     log.warning("%s model call failed: %s", arm.value, kind)
     return ModelFailed(f"the {arm.value} model failed: {kind}")
+
+
+def _body_error(problem: str, timeout_s: float) -> GatewayError:
+    """What serve.ingress (or the gateway's own read) found wrong with a request's body."""
+    if problem == TIMEOUT:
+        return BodyTimeout(f"the request body did not arrive within {timeout_s:g} s")
+    if problem == DISCONNECTED:
+        return ClientGone("the client went away before its request body arrived")
+    if problem == TOO_LARGE:
+        return InputTooLarge("request body is over the limit")
+    if problem == BUSY:
+        return Overloaded("the gateway is receiving too many request bodies; retry later")
+    raise ValueError(f"unknown body problem {problem!r}")
 
 
 def server_timing(stages: dict[str, float]) -> str:
@@ -140,6 +161,7 @@ class Gateway(DashboardRoutes):
         ramp_controller: DeploymentHandle | None = None,
     ):
         self.settings = settings
+        ingress.configure(settings)  # the body deadline and limits of serve.ingress
         self.ramp_controller = ramp_controller  # bound here so the application includes it
         self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
@@ -152,7 +174,12 @@ class Gateway(DashboardRoutes):
         self.observer = Observer(self.telemetry)
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings)
-        self.in_flight = 0
+        self.admission = AdaptiveLimit(
+            floor=min(settings.gateway_min_in_flight, settings.gateway_max_in_flight),
+            ceiling=settings.gateway_max_in_flight,
+            target_s=settings.gateway_queue_target_ms / 1000,
+            enabled=settings.gateway_adaptive_admission,
+        )
         self.shadow = Shadow(settings, self._remote, self.telemetry)
         self.coalescers = {  # concurrent requests per arm go as one model call (serve.coalesce)
             arm: Coalescer(functools.partial(self._send, arm),
@@ -198,29 +225,38 @@ class Gateway(DashboardRoutes):
         if telemetry is not None:
             telemetry.shutdown()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests this replica has admitted and not yet answered."""
+        return self.admission.in_flight
+
     @api.post("/v1/predict")
     async def predict(self, request: Request) -> JSONResponse:
-        """Admission first: past `gateway_max_in_flight` requests in this replica, shed with
-        503 + Retry-After before reading the body, so memory stays bounded under any load."""
-        if self.in_flight >= self.settings.gateway_max_in_flight:
-            rid, incoming = _ids(request)
-            self.observer.start(rid, request.headers).finish(503, error_type=Overloaded.type)
-            return to_response(
-                Overloaded("the gateway is at capacity; retry later"), rid, incoming
-            )
-        self.in_flight += 1
-        try:
-            return await self._predict(request)
-        finally:
-            self.in_flight -= 1
-
-    async def _predict(self, request: Request) -> JSONResponse:
+        """The body first (received by serve.ingress under `body_timeout_s`, outside any
+        in-flight bound), then admission: past the adaptive limit (serve.admission, at most
+        `gateway_max_in_flight`), shed with 503 + Retry-After at once."""
         start = time.perf_counter()
         rid, incoming = _ids(request)
         obs = self.observer.start(rid, request.headers)
-        idempotency_key = fp = None
         try:
             body = await self._read_body(request)
+        except GatewayError as exc:
+            obs.finish(exc.status, error_type=exc.type)
+            return to_response(exc, rid, incoming)
+        slot = self.admission.enter()
+        if slot is None:
+            obs.finish(503, error_type=Overloaded.type)
+            return to_response(Overloaded("the gateway is at capacity; retry later"), rid, incoming)
+        try:
+            return await self._predict(request, body, slot, start, obs)
+        finally:
+            self.admission.leave(slot)
+
+    async def _predict(self, request: Request, body: bytes, slot: Slot, start: float,
+                       obs: Observation) -> JSONResponse:
+        rid, incoming = _ids(request)
+        idempotency_key = fp = None
+        try:
             parsed = parse_predict(body, self.settings)
             task = parsed.task or self.settings.default_task
             obs.parsed(parsed.inputs, task)
@@ -251,6 +287,8 @@ class Gateway(DashboardRoutes):
             )
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
+            if isinstance(exc, (ModelTimeout, Overloaded)):
+                slot.overloaded()
             if idempotency_key is not None and not isinstance(exc, (KeyReused, InProgress)):
                 await self.idempotency.finish(idempotency_key, fp, None)
             return to_response(exc, rid, incoming)
@@ -263,6 +301,11 @@ class Gateway(DashboardRoutes):
                 obs.finish(500, error_type="internal_error")
             raise
         total_ms = (time.perf_counter() - start) * 1000
+        if fallback:
+            slot.overloaded()
+        else:
+            slot.answered(total_ms / 1000, result["timing"]["model"] / 1000,
+                          self.admission.target_s)
         timing = dict(result["timing"])
         timing["gateway"] = max(total_ms - sum(timing.values()), 0.0)
         timing["total"] = total_ms
@@ -302,16 +345,30 @@ class Gateway(DashboardRoutes):
             log.exception("starting a shadow comparison failed (the response is not affected)")
 
     async def _read_body(self, request: Request) -> bytes:
+        """The body serve.ingress received, or its problem as the client's error; without
+        serve.ingress in front (Serve's proxy callback not set), read here under the same
+        deadline and limit."""
         limit = max_body_bytes(self.settings)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise InputTooLarge(f"request body of {declared} bytes is over the limit")
+        problem = request.scope.get(BODY_PROBLEM)
+        if problem is not None:
+            raise _body_error(problem, self.settings.body_timeout_s)
+        if BODY in request.scope:
+            return request.scope[BODY]
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise InputTooLarge("request body is over the limit")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise InputTooLarge("request body is over the limit")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise _body_error(TIMEOUT, self.settings.body_timeout_s) from None
+        except ClientDisconnect:
+            raise _body_error(DISCONNECTED, self.settings.body_timeout_s) from None
         return b"".join(chunks)
 
     async def _call_with_fallback(
@@ -354,7 +411,7 @@ class Gateway(DashboardRoutes):
         self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
     ) -> dict:
         """One model call for one request (also the shadow's way to the other arm)."""
-        response = self.handles[arm].predict.remote(texts, task, carrier)
+        response = self.handles[arm].predict.remote(texts, task, carrier, time.time() + remaining)
         try:
             return await asyncio.wait_for(response, timeout=remaining)
         except TimeoutError:
@@ -371,7 +428,8 @@ class Gateway(DashboardRoutes):
     ) -> dict:
         """This request's answer from a model call it may share (serve.coalesce)."""
         try:
-            return await self.coalescers[arm].call((texts, task, carrier), remaining)
+            call = (texts, task, carrier, time.time() + remaining)  # the deadline goes along
+            return await self.coalescers[arm].call(call, remaining)
         except TimeoutError:
             raise _timed_out(arm, remaining) from None
         except Exception as exc:

@@ -27,7 +27,7 @@ from ray import serve
 from rollout import open_store
 from rollout.settings import Settings
 from serve.autopick import describe
-from serve.batching import RowsDidNotFit, run_budgeted
+from serve.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
 from serve.compute import ComputeFollower
 from serve.telemetry import Telemetry
@@ -40,6 +40,7 @@ class _Queued:
     encoded: Encoded
     enqueued: float
     server: ModelServer
+    deadline: float | None = None  # wall clock (time.time()); past it, nobody waits for this
     waiting: bool = True
 
     def leave(self) -> None:
@@ -63,7 +64,7 @@ class _Forwarded:
 
 
 def _carried(exc: BaseException) -> Exception:
-    if isinstance(exc, RowsDidNotFit):
+    if isinstance(exc, (RowsDidNotFit, Expired)):
         return exc
     return CallFailed(type(exc).__name__, str(exc))
 
@@ -104,6 +105,7 @@ class ModelServer:
         self._forward_estimate_s = 0.0  # how long it probably takes
         self._s_per_token = 0.0  # seconds per token of the last forward
         self._batches = 0
+        self.expired = 0  # requests dropped because their deadline passed before the forward
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
         self.threads = torch.get_num_threads()
@@ -166,6 +168,7 @@ class ModelServer:
             "max_batch_size": self.max_batch_size,
             "threads": self.threads,
             "batch_wait_ms": self.batch_wait_ms,
+            "expired": self.expired,
         }
 
     def _batch_window(self) -> None:
@@ -190,10 +193,12 @@ class ModelServer:
             wait = 0.0
         self._batched.set_batch_wait_timeout_s(wait)
 
-    async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None
-                      ) -> dict:
+    async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None,
+                      deadline: float | None = None) -> dict:
         """`texts`, or their token ids from the gateway (`Encoded`, serve.preprocess).
-        `trace`: the caller's W3C trace carrier (`traceparent`), to join its trace."""
+        `trace`: the caller's W3C trace carrier (`traceparent`), to join its trace.
+        `deadline`: the caller's deadline (wall clock, `time.time()`); a request still waiting
+        for its forward when it passes is dropped (`Expired`), not forwarded."""
         clock = WallClock() if trace and self.telemetry.enabled else None
         marks = Marks(time.perf_counter())
         queue_length = self.waiting
@@ -203,8 +208,11 @@ class ModelServer:
                 encoded = texts
             else:
                 encoded = self.variant.encode(texts)
+            if deadline is not None and time.time() >= deadline:
+                self.expired += 1
+                raise Expired("the deadline passed before the request reached a batch")
             marks.queued = time.perf_counter()
-            item = _Queued(encoded, marks.queued, self)
+            item = _Queued(encoded, marks.queued, self, deadline)
             self._batch_window()
             self.waiting += 1
             try:
@@ -213,7 +221,7 @@ class ModelServer:
                 item.leave()
             marks.batch_start, marks.forward_start, marks.forward_end = (
                 forwarded.batch_start, forwarded.forward_start, forwarded.forward_end)
-            if isinstance(forwarded.rows, RowsDidNotFit):
+            if isinstance(forwarded.rows, (RowsDidNotFit, Expired)):
                 raise forwarded.rows
             marks.post_start = time.perf_counter()
             outputs = self.variant.postprocess(task, forwarded.rows)
@@ -241,7 +249,8 @@ class ModelServer:
         }
 
     async def predict_many(self, calls: list[tuple]) -> list[dict | Exception]:
-        """Requests coalesced by a gateway (serve.coalesce): each `(texts, task, trace)` is
+        """Requests coalesced by a gateway (serve.coalesce): each `(texts, task, trace,
+        deadline)` is
         answered as `predict` answers it alone, in the same queue and batches; a request's
         failure comes back in its place (inputs that did not fit as `RowsDidNotFit`, anything
         else as `CallFailed`), so it fails that request only."""
@@ -280,13 +289,19 @@ class ModelServer:
         self._forwarding += 1
         self._forward_started = forward_start
         self._forward_estimate_s = self._s_per_token * tokens
+        deadlines = [item.deadline for item in queued]
+
+        def expired(request: int) -> bool:
+            return deadlines[request] is not None and time.time() >= deadlines[request]
+
         try:
             rows = await loop.run_in_executor(
                 self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
-                self.max_batch_tokens, self.variant.split_tokens,
+                self.max_batch_tokens, self.variant.split_tokens, expired,
             )
         finally:
             self._forwarding -= 1
+        self.expired += sum(isinstance(r, Expired) for r in rows)
         forward_end = time.perf_counter()
         self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)

@@ -15,6 +15,8 @@ process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests
   Python proxy actor no longer relays every request over a Ray call.
 - `RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2`: how long a gateway replica that is going
   away keeps accepting requests (see `RAY_ENV`).
+- `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.ingress:middlewares`: Serve's HTTP proxy
+  callback, which wraps every HTTP request in serve.ingress (slow bodies, request ids).
 
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
 6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
@@ -43,6 +45,9 @@ RAY_ENV = {
     # Behind HAProxy, which learns of the change from Serve and retries a refused connection
     # on another replica, 2 s is enough; it is also how long Ctrl-C on `ops/run.sh` waits.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    # The gateway's own ASGI middleware, outermost (serve.ingress): request bodies received
+    # under a deadline before they take any slot, and request ids made safe to echo.
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.ingress:middlewares",
 }
 
 

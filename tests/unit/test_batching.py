@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from serve.batching import RowsDidNotFit, _Row, pack, run_budgeted
+from serve.batching import Expired, RowsDidNotFit, _Row, pack, run_budgeted
 
 
 def fake_forward(calls, oom_over=None, oom_rows=()):
@@ -117,3 +117,39 @@ def test_served_batches_sort_by_length_then_cut_by_batch_size():
     assert served_batches([], 4) == []
     with pytest.raises(ValueError, match="batch_size"):
         served_batches(lengths, 0)
+
+
+def test_rows_of_an_expired_request_are_not_forwarded_from_the_next_chunk_on():
+    """Request 1's deadline passes after the first forward: its rows in later chunks are
+    dropped (its rows in the first chunk were wasted, one chunk at most), the others' are not."""
+    requests = [[[1] * 8, [2] * 8], [[3] * 8, [4] * 40, [5] * 40], [[6] * 40]]
+    calls, rows_forwarded = [], []
+    forward = fake_forward(calls)
+
+    def counting(rows):
+        rows_forwarded.extend(r[0] for r in rows)
+        return forward(rows)
+
+    gone = {1: False}
+
+    def expired(request):
+        return gone.get(request, False)
+
+    def after_first_call(rows):
+        out = counting(rows)
+        gone[1] = True
+        return out
+
+    answers = run_budgeted(requests, after_first_call, max_batch_tokens=40, expired=expired)
+    assert isinstance(answers[1], Expired)
+    assert answers[0][:, 1].tolist() == [1, 2] and answers[2][:, 1].tolist() == [6]
+    assert 4 not in rows_forwarded and 5 not in rows_forwarded
+    assert Expired().__reduce__()[0] is Expired  # crosses processes
+
+
+def test_a_request_expired_before_the_first_chunk_costs_no_forward():
+    calls = []
+    answers = run_budgeted([[[1] * 4], [[2] * 4]], fake_forward(calls), max_batch_tokens=64,
+                           expired=lambda r: r == 0)
+    assert isinstance(answers[0], Expired) and answers[1][:, 1].tolist() == [2]
+    assert calls == [4]  # one forward, of request 1's row alone

@@ -1,0 +1,80 @@
+"""Adaptive admission: how many requests a gateway replica lets in at once, from the queueing
+its answered requests saw.
+
+A fixed bound (`gateway_max_in_flight`) caps memory but not latency: under overload every
+admitted request waits behind all the others, deadlines pass while the work goes on, and goodput
+collapses. So the bound in force, `limit`, follows measurement (additive increase,
+multiplicative decrease, as Netflix's concurrency-limits AIMD and TCP do), and a request over it
+is shed at once with 503 + Retry-After:
+
+- Each answered request reports how long it queued: its time in the gateway minus the time of
+  the forward that carried it (`queued_s = total_s - model_s`). It *queued too long* when that
+  exceeds both `target_s` and one such forward (waiting behind the forward in progress is how
+  batching works; waiting behind several is a queue). A model call that timed out or found the
+  model's queue full counts the same.
+- Too long: `limit *= backoff`, at most once per window (only requests admitted since the
+  last decrease can decrease it again: a batch that ends late for all its requests is one
+  signal, not sixteen).
+- Otherwise, while the limit binds (at least half of it in use at admission):
+  `limit += 1 / limit` per request, about one more per round trip.
+- `floor <= limit <= ceiling`: the floor keeps every model replica busy, the ceiling is
+  `gateway_max_in_flight`, the memory cap. Disabled, the limit is the ceiling.
+
+Pure Python, no clock of its own: callers measure the times they report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Slot:
+    """One admitted request; `report` what it saw before `AdaptiveLimit.leave`."""
+
+    window: int
+    binding: bool  # the limit was at least half in use when it was admitted
+    congested: bool | None = None  # None: nothing learned (an input error, a failed model)
+
+    def answered(self, total_s: float, model_s: float, target_s: float) -> None:
+        queued_s = total_s - model_s
+        self.congested = queued_s > max(target_s, model_s)
+
+    def overloaded(self) -> None:
+        """The model call timed out or was refused for a full queue."""
+        self.congested = True
+
+
+class AdaptiveLimit:
+    def __init__(self, *, floor: int, ceiling: int, target_s: float, enabled: bool = True,
+                 backoff: float = 0.9):
+        if not 1 <= floor <= ceiling:
+            raise ValueError("need 1 <= floor <= ceiling")
+        if not 0 < backoff < 1:
+            raise ValueError("backoff must be within (0, 1)")
+        self.floor, self.ceiling, self.target_s = floor, ceiling, target_s
+        self.enabled, self.backoff = enabled, backoff
+        self.limit = float(min(ceiling, 4 * floor) if enabled else ceiling)
+        self.in_flight = 0
+        self.window = 0  # decreases so far
+        self.shed = 0  # requests refused so far
+
+    def enter(self) -> Slot | None:
+        """A slot, or None when the limit is reached (shed the request)."""
+        limit = int(self.limit)
+        if self.in_flight >= limit:
+            self.shed += 1
+            return None
+        self.in_flight += 1
+        return Slot(self.window, binding=2 * self.in_flight >= limit)
+
+    def leave(self, slot: Slot) -> None:
+        self.in_flight -= 1
+        if not self.enabled or slot.congested is None:
+            return
+        if slot.congested:
+            if slot.window == self.window:
+                self.limit = max(float(self.floor), self.limit * self.backoff)
+                self.window += 1
+        elif slot.binding:
+            self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)

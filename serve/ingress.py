@@ -1,0 +1,154 @@
+"""What every HTTP request meets before Ray Serve and the gateway: its body received under a
+deadline, outside every in-flight bound, and a request id that is safe to echo.
+
+Installed as Ray Serve's HTTP proxy callback (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=
+serve.ingress:middlewares`, which serve.ray_env sets), so it wraps Serve's own middleware and
+request handling, in the gateway replica's HTTP server (direct ingress) and in Serve's proxy:
+
+- **Bodies.** A request with a body is only handed on once the whole body is here. Until then
+  it holds no Serve slot (`gateway_max_ongoing_requests`) and no gateway in-flight slot; it
+  counts in a pool of its own, `gateway_max_uploading`. A body that has not arrived
+  `body_timeout_s` after the headers, a client that went away mid-body, a full pool and a body
+  over the size limit are handed on as what they are (`BODY_PROBLEM` in the ASGI scope), so the
+  gateway answers them (408, 499, 503, 413) and records them like any other request.
+- **Request ids.** Serve echoes the incoming `X-Request-ID` as it came. A malformed one
+  (over 128 characters, spaces, control or markup characters) is replaced here by a fresh id
+  before Serve sees it, so every layer echoes the one validated id and nothing raw.
+
+Headers themselves are the ingress proxy's to bound (HAProxy, which waits for complete headers
+before it forwards anything).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.middleware import Middleware
+
+from rollout.settings import Settings
+from serve.schemas import max_body_bytes, request_id_from
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# scope keys this middleware sets for the gateway
+BODY = "canary.body"  # the complete body (bytes), when it arrived
+BODY_PROBLEM = "canary.body_problem"  # one of the problems below, when it did not
+
+TIMEOUT, DISCONNECTED, TOO_LARGE, BUSY = "timeout", "disconnected", "too_large", "busy"
+_WITH_BODY = {"POST", "PUT", "PATCH"}
+
+
+def sanitize_request_id(scope: Scope) -> None:
+    """Leave exactly one well-formed `x-request-id` in the request's headers when the client
+    sent any: its own if well-formed, else a fresh one (serve.schemas.request_id_from)."""
+    headers = scope.get("headers") or []
+    sent = [value for name, value in headers if name.lower() == b"x-request-id"]
+    if not sent:
+        return
+    incoming = sent[0].decode("latin-1")
+    valid = request_id_from(incoming)
+    if len(sent) == 1 and valid == incoming:
+        return
+    scope["headers"] = [(n, v) for n, v in headers if n.lower() != b"x-request-id"]
+    scope["headers"].append((b"x-request-id", valid.encode("latin-1")))
+
+
+_configured: Settings | None = None
+
+
+def configure(settings: Settings) -> None:
+    """The settings the gateway runs with, for the middleware in its process (the gateway calls
+    this at start; elsewhere, e.g. in Serve's proxy, the environment's settings apply)."""
+    global _configured
+    _configured = settings
+
+
+@functools.cache
+def _from_environment() -> Settings:
+    return Settings()
+
+
+class BodyGate:
+    """ASGI middleware: see the module docstring. `settings`: fixed ones (tests); by default
+    those given to `configure`, else the environment's."""
+
+    def __init__(self, app: ASGIApp, settings: Settings | None = None):
+        self.app = app
+        self._settings = settings
+        self.uploading = 0  # bodies being received now
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings or _configured or _from_environment()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sanitize_request_id(scope)
+        if scope.get("method") not in _WITH_BODY:
+            await self.app(scope, receive, send)
+            return
+        settings = self.settings
+        if self.uploading >= settings.gateway_max_uploading:
+            body, problem = b"", BUSY
+        else:
+            self.uploading += 1
+            try:
+                body, problem = await self._receive(
+                    receive, settings.body_timeout_s, max_body_bytes(settings))
+            finally:
+                self.uploading -= 1
+        if problem is None:
+            scope[BODY] = body
+        else:
+            scope[BODY_PROBLEM] = problem
+        await self.app(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _receive(receive: Receive, timeout_s: float, max_bytes: int
+                       ) -> tuple[bytes, str | None]:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return b"", DISCONNECTED
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > max_bytes:
+                        return b"", TOO_LARGE
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks), None
+        except TimeoutError:
+            return b"", TIMEOUT
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the buffered body as one message, then the connection's own
+    messages (a later `http.disconnect`, which Serve watches for)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def middlewares() -> list[Middleware]:
+    """Ray Serve's HTTP proxy callback (see the module docstring)."""
+    return [Middleware(BodyGate)]

@@ -1,0 +1,96 @@
+"""serve.admission: the adaptive in-flight limit (AIMD on queueing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve.admission import AdaptiveLimit
+
+
+def limit(**kw):
+    return AdaptiveLimit(**{"floor": 4, "ceiling": 64, "target_s": 0.05, **kw})
+
+
+def fill(admission):
+    slots = []
+    while (slot := admission.enter()) is not None:
+        slots.append(slot)
+    return slots
+
+
+def test_requests_over_the_limit_are_shed_at_once():
+    admission = limit()
+    slots = fill(admission)
+    assert len(slots) == 16 and admission.in_flight == 16  # starts at 4 x floor
+    assert admission.enter() is None and admission.shed == 2  # fill's last try, and this
+    admission.leave(slots.pop())
+    assert admission.enter() is not None
+
+
+def test_queueing_longer_than_target_and_a_forward_shrinks_the_limit_once_per_window():
+    admission = limit()
+    slots = fill(admission)
+    for slot in slots:  # a whole batch answered late: one signal, not sixteen
+        slot.answered(total_s=1.0, model_s=0.1, target_s=admission.target_s)
+        admission.leave(slot)
+    assert admission.limit == pytest.approx(16 * 0.9)
+    for _ in range(200):  # sustained: down to the floor, never below
+        slot = admission.enter()
+        slot.overloaded()
+        admission.leave(slot)
+    assert admission.limit == 4
+
+
+def test_waiting_behind_one_forward_is_batching_not_a_queue():
+    admission = limit()
+    slot = admission.enter()
+    slot.answered(total_s=0.8, model_s=0.4, target_s=admission.target_s)
+    assert slot.congested is False
+    slot.answered(total_s=0.09, model_s=0.01, target_s=admission.target_s)
+    assert slot.congested is True
+
+
+def test_the_limit_grows_while_it_binds_and_not_while_idle():
+    admission = limit()
+    for _ in range(100):  # one at a time: the limit never binds
+        slot = admission.enter()
+        slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
+        admission.leave(slot)
+    assert admission.limit == 16
+    for _ in range(20):  # full and fast: about one more per round trip
+        slots = fill(admission)
+        for slot in slots:
+            slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
+            admission.leave(slot)
+    assert 20 < admission.limit < 64
+    for _ in range(200):
+        for slot in fill(admission):
+            slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
+            admission.leave(slot)
+    assert admission.limit == 64  # the ceiling: the memory cap
+
+
+def test_failures_that_say_nothing_about_load_leave_the_limit_alone():
+    admission = limit()
+    slot = admission.enter()
+    admission.leave(slot)  # e.g. a 422: nothing reported
+    assert admission.limit == 16 and admission.in_flight == 0
+
+
+def test_disabled_the_limit_is_the_ceiling_and_fixed():
+    admission = limit(enabled=False)
+    slots = fill(admission)
+    assert len(slots) == 64
+    for slot in slots:
+        slot.overloaded()
+        admission.leave(slot)
+    assert admission.limit == 64
+
+
+def test_bad_bounds_are_refused():
+    with pytest.raises(ValueError):
+        limit(floor=0)
+    with pytest.raises(ValueError):
+        limit(floor=65)
+    with pytest.raises(ValueError):
+        limit(backoff=1.0)

@@ -1,0 +1,162 @@
+"""serve.ingress: bodies received under a deadline before the app runs, outside any slot;
+request ids made safe to echo. Driven as ASGI with a scripted client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollout.settings import Settings
+from serve.ingress import (
+    BODY,
+    BODY_PROBLEM,
+    BUSY,
+    DISCONNECTED,
+    TIMEOUT,
+    TOO_LARGE,
+    BodyGate,
+    middlewares,
+    sanitize_request_id,
+)
+
+
+class App:
+    """Records what it was handed; answers 200."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        first = await receive()
+        self.calls.append({"scope": scope, "first": first})
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def client(*messages, then_wait: bool = False):
+    """A `receive` that gives `messages` (each: bytes with more to come, or a dict), then
+    blocks (a client that stops sending) or reports a disconnect."""
+    queue = list(messages)
+
+    async def receive():
+        if queue:
+            item = queue.pop(0)
+            return item if isinstance(item, dict) else {
+                "type": "http.request", "body": item, "more_body": bool(queue) or then_wait}
+        if then_wait:
+            await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+async def nothing(message):
+    return None
+
+
+def scope(method="POST", headers=()):
+    return {"type": "http", "method": method, "path": "/v1/predict", "headers": list(headers)}
+
+
+def settings(**overrides):
+    return Settings(**{"body_timeout_s": 0.2, **overrides})
+
+
+def run(gate, s, receive):
+    asyncio.run(gate(s, receive, nothing))
+
+
+def test_a_body_in_pieces_is_handed_on_whole_and_replayed():
+    app = App()
+    s = scope()
+    run(BodyGate(app, settings()), s, client(b'{"inputs":', b' ["a"]}'))
+    assert s[BODY] == b'{"inputs": ["a"]}' and BODY_PROBLEM not in s
+    assert app.calls[0]["first"] == {"type": "http.request", "body": b'{"inputs": ["a"]}',
+                                     "more_body": False}
+
+
+def test_a_body_that_stops_arriving_is_handed_on_as_a_timeout_within_the_deadline():
+    app, s = App(), scope()
+    gate = BodyGate(app, settings())
+    loop = asyncio.new_event_loop()
+    started = loop.time()
+    loop.run_until_complete(gate(s, client(b"{", then_wait=True), nothing))
+    elapsed = loop.time() - started
+    loop.close()
+    assert s[BODY_PROBLEM] == TIMEOUT and BODY not in s
+    assert 0.2 <= elapsed < 1.0
+    assert gate.uploading == 0  # the slot of the upload pool is given back
+
+
+def test_a_client_that_goes_away_mid_body_is_handed_on_as_disconnected():
+    s = scope()
+    run(BodyGate(App(), settings()), s, client(b"{", {"type": "http.disconnect"}))
+    assert s[BODY_PROBLEM] == DISCONNECTED
+
+
+def test_a_body_over_the_limit_stops_being_read():
+    s = scope()
+    small = settings(max_items=1, max_item_chars=10, max_total_chars=10)
+    chunks = [b"x" * 4096] * 100
+    receive = client(*chunks)
+    run(BodyGate(App(), small), s, receive)
+    assert s[BODY_PROBLEM] == TOO_LARGE
+
+
+def test_past_the_upload_pool_a_request_is_handed_on_busy_without_reading():
+    async def scenario():
+        app = App()
+        gate = BodyGate(app, settings(body_timeout_s=5, gateway_max_uploading=2))
+        slow = [asyncio.create_task(gate(scope(), client(b"{", then_wait=True), nothing))
+                for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert gate.uploading == 2
+        busy = scope()
+        read = []
+
+        async def receive():
+            read.append(1)
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        await gate(busy, receive, nothing)
+        for task in slow:
+            task.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        return gate, busy, read
+
+    gate, busy, read = asyncio.run(scenario())
+    assert busy[BODY_PROBLEM] == BUSY and gate.uploading == 0
+    assert read == []  # the app read nothing from the client: the replay gave an empty body
+
+
+def test_requests_without_a_body_pass_straight_through():
+    app, s = App(), scope("GET")
+    run(BodyGate(app, settings()), s, client(b""))
+    assert BODY not in s and BODY_PROBLEM not in s and len(app.calls) == 1
+
+
+@pytest.mark.parametrize("bad", ["x" * 129, "has space", "a%0d%0ab", "<script>", "ok\r\nX: y"])
+def test_a_malformed_request_id_is_replaced_before_any_layer_sees_it(bad):
+    s = scope(headers=[(b"x-request-id", bad.encode()), (b"host", b"h")])
+    sanitize_request_id(s)
+    ids = [v for n, v in s["headers"] if n == b"x-request-id"]
+    assert len(ids) == 1 and ids[0] != bad.encode() and len(ids[0]) == 32
+    assert (b"host", b"h") in s["headers"]
+
+
+def test_a_well_formed_request_id_is_kept_and_duplicates_are_reduced_to_it():
+    s = scope(headers=[(b"x-request-id", b"abc-123")])
+    sanitize_request_id(s)
+    assert s["headers"] == [(b"x-request-id", b"abc-123")]
+    s = scope(headers=[(b"x-request-id", b"abc-123"), (b"X-Request-ID", b"<evil>")])
+    sanitize_request_id(s)
+    assert [v for n, v in s["headers"] if n.lower() == b"x-request-id"] == [b"abc-123"]
+    s = scope()
+    sanitize_request_id(s)
+    assert s["headers"] == []  # none sent: Serve generates one
+
+
+def test_the_proxy_callback_gives_the_gate():
+    (middleware,) = middlewares()
+    assert middleware.cls is BodyGate
