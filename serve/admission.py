@@ -4,10 +4,12 @@ its answered requests saw.
 A fixed bound (`gateway_max_in_flight`) caps memory but not latency: under overload every
 admitted request waits behind all the others, deadlines pass while the work goes on, and goodput
 collapses. So the bound in force, `limit`, follows measurement (additive increase,
-multiplicative decrease, as Netflix's concurrency-limits AIMD and TCP do), and a request over it
-is shed at once with 503 + Retry-After:
+multiplicative decrease, as Netflix's concurrency-limits AIMD and TCP do). A request over it
+waits for a slot at most `target_s` (first come, first served; a burst of quick requests rides
+through), then is shed with 503 + Retry-After; with `ceiling` requests admitted or waiting, at
+once:
 
-- Each answered request reports how long it queued: its time in the gateway minus the time of
+- Each answered request reports how long it queued: its time since admission minus the time of
   the forward that carried it (`queued_s = total_s - model_s`). It *queued too long* when that
   exceeds both `target_s` and one such forward (waiting behind the forward in progress is how
   batching works; waiting behind several is a queue). A model call that timed out or found the
@@ -20,11 +22,14 @@ is shed at once with 503 + Retry-After:
 - `floor <= limit <= ceiling`: the floor keeps every model replica busy, the ceiling is
   `gateway_max_in_flight`, the memory cap. Disabled, the limit is the ceiling.
 
-Pure Python, no clock of its own: callers measure the times they report.
+Callers measure the times they report (no clock here); waiting is asyncio's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -58,23 +63,55 @@ class AdaptiveLimit:
         self.in_flight = 0
         self.window = 0  # decreases so far
         self.shed = 0  # requests refused so far
+        self._waiting: deque[asyncio.Future] = deque()
 
-    def enter(self) -> Slot | None:
-        """A slot, or None when the limit is reached (shed the request)."""
-        limit = int(self.limit)
-        if self.in_flight >= limit:
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def try_enter(self) -> Slot | None:
+        """A slot now, or None when the limit is reached (or others wait for one)."""
+        if self.in_flight >= int(self.limit) or self._waiting:
+            return None
+        return self._admit()
+
+    async def enter(self) -> Slot | None:
+        """A slot, waiting for one at most `target_s`; None: shed the request."""
+        slot = self.try_enter()
+        if slot is not None:
+            return slot
+        if self.in_flight + len(self._waiting) >= self.ceiling or self.target_s <= 0:
             self.shed += 1
             return None
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        try:
+            return await asyncio.wait_for(future, self.target_s)
+        except TimeoutError:
+            self.shed += 1
+            return None
+        except asyncio.CancelledError:  # the client went away; a slot it was given goes back
+            if future.done() and not future.cancelled():
+                self.leave(future.result())
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(future)
+
+    def _admit(self) -> Slot:
         self.in_flight += 1
-        return Slot(self.window, binding=2 * self.in_flight >= limit)
+        return Slot(self.window, binding=2 * self.in_flight >= int(self.limit))
 
     def leave(self, slot: Slot) -> None:
         self.in_flight -= 1
-        if not self.enabled or slot.congested is None:
-            return
-        if slot.congested:
-            if slot.window == self.window:
-                self.limit = max(float(self.floor), self.limit * self.backoff)
-                self.window += 1
-        elif slot.binding:
-            self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
+        if self.enabled and slot.congested is not None:
+            if slot.congested:
+                if slot.window == self.window:
+                    self.limit = max(float(self.floor), self.limit * self.backoff)
+                    self.window += 1
+            elif slot.binding:
+                self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
+        while self._waiting and self.in_flight < int(self.limit):
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_result(self._admit())

@@ -234,7 +234,8 @@ class Gateway(DashboardRoutes):
     async def predict(self, request: Request) -> JSONResponse:
         """The body first (received by serve.ingress under `body_timeout_s`, outside any
         in-flight bound), then admission: past the adaptive limit (serve.admission, at most
-        `gateway_max_in_flight`), shed with 503 + Retry-After at once."""
+        `gateway_max_in_flight`) a request waits for a slot at most `gateway_queue_target_ms`,
+        then is shed with 503 + Retry-After."""
         start = time.perf_counter()
         rid, incoming = _ids(request)
         obs = self.observer.start(rid, request.headers)
@@ -243,17 +244,17 @@ class Gateway(DashboardRoutes):
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
             return to_response(exc, rid, incoming)
-        slot = self.admission.enter()
+        slot = await self.admission.enter()
         if slot is None:
             obs.finish(503, error_type=Overloaded.type)
             return to_response(Overloaded("the gateway is at capacity; retry later"), rid, incoming)
         try:
-            return await self._predict(request, body, slot, start, obs)
+            return await self._predict(request, body, slot, time.perf_counter(), start, obs)
         finally:
             self.admission.leave(slot)
 
-    async def _predict(self, request: Request, body: bytes, slot: Slot, start: float,
-                       obs: Observation) -> JSONResponse:
+    async def _predict(self, request: Request, body: bytes, slot: Slot, admitted: float,
+                       start: float, obs: Observation) -> JSONResponse:
         rid, incoming = _ids(request)
         idempotency_key = fp = None
         try:
@@ -304,7 +305,7 @@ class Gateway(DashboardRoutes):
         if fallback:
             slot.overloaded()
         else:
-            slot.answered(total_ms / 1000, result["timing"]["model"] / 1000,
+            slot.answered(time.perf_counter() - admitted, result["timing"]["model"] / 1000,
                           self.admission.target_s)
         timing = dict(result["timing"])
         timing["gateway"] = max(total_ms - sum(timing.values()), 0.0)

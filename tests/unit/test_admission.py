@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from serve.admission import AdaptiveLimit
@@ -13,18 +15,18 @@ def limit(**kw):
 
 def fill(admission):
     slots = []
-    while (slot := admission.enter()) is not None:
+    while (slot := admission.try_enter()) is not None:
         slots.append(slot)
     return slots
 
 
-def test_requests_over_the_limit_are_shed_at_once():
+def test_no_slot_over_the_limit():
     admission = limit()
     slots = fill(admission)
     assert len(slots) == 16 and admission.in_flight == 16  # starts at 4 x floor
-    assert admission.enter() is None and admission.shed == 2  # fill's last try, and this
+    assert admission.try_enter() is None
     admission.leave(slots.pop())
-    assert admission.enter() is not None
+    assert admission.try_enter() is not None
 
 
 def test_queueing_longer_than_target_and_a_forward_shrinks_the_limit_once_per_window():
@@ -35,7 +37,7 @@ def test_queueing_longer_than_target_and_a_forward_shrinks_the_limit_once_per_wi
         admission.leave(slot)
     assert admission.limit == pytest.approx(16 * 0.9)
     for _ in range(200):  # sustained: down to the floor, never below
-        slot = admission.enter()
+        slot = admission.try_enter()
         slot.overloaded()
         admission.leave(slot)
     assert admission.limit == 4
@@ -43,7 +45,7 @@ def test_queueing_longer_than_target_and_a_forward_shrinks_the_limit_once_per_wi
 
 def test_waiting_behind_one_forward_is_batching_not_a_queue():
     admission = limit()
-    slot = admission.enter()
+    slot = admission.try_enter()
     slot.answered(total_s=0.8, model_s=0.4, target_s=admission.target_s)
     assert slot.congested is False
     slot.answered(total_s=0.09, model_s=0.01, target_s=admission.target_s)
@@ -53,7 +55,7 @@ def test_waiting_behind_one_forward_is_batching_not_a_queue():
 def test_the_limit_grows_while_it_binds_and_not_while_idle():
     admission = limit()
     for _ in range(100):  # one at a time: the limit never binds
-        slot = admission.enter()
+        slot = admission.try_enter()
         slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
         admission.leave(slot)
     assert admission.limit == 16
@@ -72,7 +74,7 @@ def test_the_limit_grows_while_it_binds_and_not_while_idle():
 
 def test_failures_that_say_nothing_about_load_leave_the_limit_alone():
     admission = limit()
-    slot = admission.enter()
+    slot = admission.try_enter()
     admission.leave(slot)  # e.g. a 422: nothing reported
     assert admission.limit == 16 and admission.in_flight == 0
 
@@ -94,3 +96,50 @@ def test_bad_bounds_are_refused():
         limit(floor=65)
     with pytest.raises(ValueError):
         limit(backoff=1.0)
+
+
+def test_over_the_limit_a_request_waits_for_a_slot_at_most_the_target_then_is_shed():
+    async def scenario():
+        admission = limit(target_s=0.2)
+        slots = fill(admission)
+        waiter = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0.05)
+        assert admission.waiting == 1 and not waiter.done()
+        admission.leave(slots.pop())  # a slot frees: the first waiter gets it
+        got = await waiter
+        assert got is not None and admission.in_flight == 16 and admission.waiting == 0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        shed = await admission.enter()  # nobody leaves: shed after the target
+        assert shed is None and 0.2 <= loop.time() - started < 0.5
+        assert admission.shed == 1 and admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_with_the_ceiling_admitted_or_waiting_a_request_is_shed_at_once():
+    async def scenario():
+        admission = limit(floor=2, ceiling=3, target_s=10)
+        fill(admission)  # 3 (4 x floor, capped by the ceiling)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await admission.enter() is None
+        assert loop.time() - started < 0.05
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_whose_client_goes_away_leaves_no_slot_taken():
+    async def scenario():
+        admission = limit(target_s=5)
+        slots = fill(admission)
+        waiter = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert admission.waiting == 0
+        for slot in slots:
+            admission.leave(slot)
+        assert admission.in_flight == 0
+
+    asyncio.run(scenario())
