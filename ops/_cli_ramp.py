@@ -92,7 +92,8 @@ def _status(ctx, view: RampView) -> int:
         ctx.say(json.dumps({
             "ramp": ramp.model_dump(mode="json") if ramp else None,
             "time_in_step_s": view.time_in_step_s, "controller": view.holder,
-            "last_evaluation": view.last}))
+            "last_evaluation": view.last, "held_since": view.held_since,
+            "stalled": view.stalled}))
         return 0
     if ramp is None:  # a state like any other, as `--json` says: not an error
         ctx.say("ramp             none: no ramp has been started (`rollout ramp start PLAN.yaml`)")
@@ -126,6 +127,8 @@ def _status(ctx, view: RampView) -> int:
     if last:
         rows.append(("last evaluation", f"{when(last['ts'])} ({age(now - last['ts'])} ago): "
                                         f"{one_line(last['reason'])}"))
+    if view.held_since is not None:
+        rows.append(_held_row(view))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         ctx.say(f"{label:<{width}}  {value}")
@@ -137,6 +140,17 @@ def _status(ctx, view: RampView) -> int:
         for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells):
             ctx.say("  " + line)
     return 0
+
+
+def _held_row(view: RampView) -> tuple[str, str]:
+    """Since when the step has been held, by how many evaluations, and why; `stalled` when
+    the soak no longer explains it."""
+    since, last = view.held_since, view.last
+    count = (last.get("held") or {}).get("evaluations")
+    evaluations = f", {count} evaluations" if count else ""
+    label = "STALLED" if view.stalled else "held"
+    return label, (f"since {when(since)} ({age(view.now - since)}{evaluations}): "
+                   f"{one_line(last['reason'])}")
 
 
 def _num(value) -> str:

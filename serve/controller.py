@@ -34,6 +34,7 @@ class RampControllerDeployment:
         self.controller = RampController(
             self.states, self.ramps, WindowsMetrics(windows), owner=owner,
             interval_s=settings.ramp_interval_s, lease_ttl_s=settings.ramp_lease_ttl_s,
+            audit_heartbeat_s=settings.ramp_audit_heartbeat_s,
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),

@@ -121,6 +121,18 @@ class RampStoreContract:
             ("hold 1", {"samples": 1}, 1, state), ("hold 2", {"samples": 2}, 1, state)]
         assert states.get() == state
 
+    def test_record_without_audit_keeps_the_last_and_writes_no_entry(self, stores):
+        states, ramps = stores
+        write(states, canary_bp=1000)
+        ramps.record(ts=11.0, actor="ramp-controller", action="ramp-evaluate", reason="hold 1",
+                     detail={"samples": 1})
+        before = states.audit()
+        ramps.record(ts=16.0, actor="ramp-controller", action="ramp-evaluate", reason="hold 2",
+                     detail={"samples": 2, "held": {"evaluations": 2}}, audit=False)
+        assert states.audit() == before
+        assert ramps.last_evaluation() == {"samples": 2, "held": {"evaluations": 2}, "ts": 16.0,
+                                           "action": "ramp-evaluate", "reason": "hold 2"}
+
     # --- the lease ---------------------------------------------------------------------------
 
     def test_the_lease_has_one_holder_who_can_renew_it(self, stores, lapse):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rollout.clock import Clock, SystemClock
 from rollout.control import Rollout
 from rollout.errors import InvalidChange, RampNotAllowed, RevisionConflict
+from rollout.ramp.audit import HELD_KINDS, Held
 from rollout.ramp.machine import Ramp
 from rollout.ramp.plan import RampPlan
 from rollout.ramp.store import RampStore
@@ -38,6 +39,29 @@ class RampView:
             return None
         end = self.now if ramp.active else ramp.updated_at
         return max(0.0, end - ramp.step_started_at)
+
+    @property
+    def held_since(self) -> float | None:
+        """Since when an active ramp's evaluations have held the share for the reason of the
+        last one (None: not held, or no evaluation yet)."""
+        last, ramp = self.last, self.ramp
+        if ramp is None or not ramp.active or not last or last["ts"] < ramp.started_at or \
+                last.get("decision") not in HELD_KINDS:
+            return None  # not held, or the last evaluation is of an earlier ramp
+        held = Held.from_last(last)
+        return held.since if held is not None else last["ts"]
+
+    @property
+    def stalled(self) -> bool:
+        """Held past the step's soak time (or before the first step): what holds it is not
+        the soak but something that needs a person (a verdict, an approval, the kill switch,
+        the versions, traffic). A paused ramp is held on purpose, not stalled."""
+        ramp = self.ramp
+        if self.held_since is None or ramp.status == "paused":
+            return False
+        if ramp.step < 0:
+            return True
+        return (self.time_in_step_s or 0.0) >= ramp.plan.steps[ramp.step].min_duration_s
 
 
 class RampControl:

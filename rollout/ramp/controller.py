@@ -8,9 +8,10 @@ Applying: the share moves first, through `Rollout.set_canary` (audited, actor
 `ramp-controller`, the decision as the reason): an advance is a compare-and-set on the state
 the evaluation read, so a concurrent change wins and the next tick re-evaluates; a rollback to
 0 retries through concurrent writes. Then the ramp record is written (fenced by the lease) when
-the decision changed it, else the evaluation is recorded; either way the audit stream gets the
-decision with every gate's value and threshold. A crash between the two writes is repaired by
-the next evaluation (machine rule 1).
+the decision changed it, and audited with every gate's value and threshold; else the evaluation
+is kept as the last one and audited only when its outcome changes or as a periodic heartbeat
+(rollout.ramp.audit: a held step writes a few entries an hour, not one per interval). A crash
+between the two writes is repaired by the next evaluation (machine rule 1).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import uuid
 from rollout.clock import Clock, SystemClock
 from rollout.control import Rollout
 from rollout.errors import RevisionConflict, RolloutError
+from rollout.ramp.audit import Held, heartbeat_reason, outcome, summarise
 from rollout.ramp.machine import CONTROLLER, Decision, evaluate
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.store import RampStore
@@ -35,12 +37,14 @@ _ROLLBACK_ATTEMPTS = 20
 class RampController:
     def __init__(self, states: StateStore, ramps: RampStore, metrics: RampMetrics, *,
                  clock: Clock | None = None, owner: str | None = None,
-                 interval_s: float = 5.0, lease_ttl_s: float = 15.0):
+                 interval_s: float = 5.0, lease_ttl_s: float = 15.0,
+                 audit_heartbeat_s: float = 300.0):
         self.clock = clock or SystemClock()
         self.states, self.ramps, self.metrics = states, ramps, metrics
         self.rollout = Rollout(states, self.clock)
         self.owner = owner or f"{CONTROLLER}-{uuid.uuid4().hex[:12]}"
         self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
+        self.audit_heartbeat_s = audit_heartbeat_s
         self.ticks = 0
 
     def tick(self) -> Decision | None:
@@ -59,19 +63,31 @@ class RampController:
         moves = decision.target_bp is not None and decision.target_bp != state.canary_bp
         if moves and not self._move(decision, state.revision):
             return decision
-        detail = decision.detail()
         unchanged = decision.ramp.model_copy(update={"updated_at": ramp.updated_at}) == ramp
         if unchanged:
-            self.ramps.record(ts=now, actor=CONTROLLER, action=decision.action,
-                              reason=decision.reason, detail=detail)
+            self._record(decision, now)
         else:
+            held = Held.start(outcome(decision), now)
             after = decision.ramp.model_copy(update={"revision": ramp.revision + 1})
             self.ramps.put(ramp, after, actor=CONTROLLER, action=decision.action,
-                           reason=decision.reason, detail=detail, owner=self.owner,
-                           evaluation=True)
+                           reason=decision.reason, detail=dict(decision.detail(),
+                                                               held=held.as_dict()),
+                           owner=self.owner, evaluation=True)
         if decision.kind not in ("hold", "wait-approval"):
             log.info("ramp %s: %s", decision.kind, decision.reason)
         return decision
+
+    def _record(self, decision: Decision, now: float) -> None:
+        """Keep an evaluation that changed nothing as the last one; audit it when its outcome
+        changed or as the heartbeat (rollout.ramp.audit)."""
+        previous = Held.from_last(self.ramps.last_evaluation())
+        held, why = summarise(previous, outcome(decision), now, self.audit_heartbeat_s)
+        reason = decision.reason
+        if why == "heartbeat":
+            reason = heartbeat_reason(reason, previous, held)
+        self.ramps.record(ts=now, actor=CONTROLLER, action=decision.action, reason=reason,
+                          detail=dict(decision.detail(), held=held.as_dict()),
+                          audit=why is not None)
 
     def _move(self, decision: Decision, revision: int) -> bool:
         """Set the decided share; False when an advance lost to a concurrent change."""

@@ -5,10 +5,12 @@ Keys, under the application's namespace (`rollout:<app>:`):
 - `ramp`        hash: `revision` and `json` (the ramp record)
 - `ramp:lease`  string: the controller holding the lease (SET NX PX; renewed and released by
                 compare-and-set scripts, so only the holder can extend or free it)
-- `ramp:last`   string: the last evaluation's JSON (for `rollout ramp status`)
+- `ramp:last`   string: the last evaluation's JSON (for `rollout ramp status`), written on
+                every evaluation, audited or not
 
-Ramp writes and evaluations also append to the `audit` stream, in the same script, with the
-current rollout state as before and after (the state itself is never written here).
+Ramp writes and audited evaluations also append to the `audit` stream, in the same script, with
+the current rollout state as before and after (the state itself is never written here). The
+stream is never trimmed: ramp entries are bounded where they are made (rollout.ramp.audit).
 """
 
 from __future__ import annotations
@@ -110,8 +112,11 @@ class RedisRampStore(RampStore):
             raise RevisionConflict(expected, int(current))
         return after
 
-    def record(self, *, ts, actor, action, reason, detail):
+    def record(self, *, ts, actor, action, reason, detail, audit=True):
         last = _last(detail, ts, action, reason)
+        if not audit:
+            self._call(self._client.set, self.last_key, last)
+            return
         self._call(
             self._record, keys=[self.state_key, self.audit_key, self.last_key],
             args=[repr(ts), actor, action, reason, _default_state(), _json(detail),

@@ -7,8 +7,9 @@
 - The lease (`acquire`) makes one controller per application the active one: acquiring sets it
   when free or renews it when already held by the caller; it lapses `ttl_s` after the last
   renewal, so a crashed controller loses it. `release` frees it only for its holder.
-- `record` appends an evaluation to the audit stream (a note: the rollout state is unchanged)
-  and keeps it as the last evaluation, for `rollout ramp status`.
+- `record` keeps an evaluation as the last one, for `rollout ramp status`, and with `audit`
+  also appends it to the audit stream (a note: the rollout state is unchanged). The controller
+  audits only the evaluations rollout.ramp.audit selects; the last one is kept every time.
 
 `MemoryRampStore` is the in-memory twin (lease time from an injected clock); `RedisRampStore`
 (rollout.ramp.redis_store) is the real one. Both pass tests/ramp_store_contract.py.
@@ -46,8 +47,10 @@ class RampStore(abc.ABC):
         when `evaluation`). RevisionConflict / LeaseLost otherwise, and nothing is written."""
 
     @abc.abstractmethod
-    def record(self, *, ts: float, actor: str, action: str, reason: str, detail: dict) -> None:
-        """Audit one evaluation (state unchanged) and keep it as the last one."""
+    def record(self, *, ts: float, actor: str, action: str, reason: str, detail: dict,
+               audit: bool = True) -> None:
+        """Keep one evaluation (state unchanged) as the last one; with `audit`, also append
+        it to the audit stream, in the same atomic step."""
 
     @abc.abstractmethod
     def last_evaluation(self) -> dict | None:
@@ -103,9 +106,11 @@ class MemoryRampStore(RampStore):
                 self._last = dict(detail or {}, ts=after.updated_at, action=action, reason=reason)
             return after
 
-    def record(self, *, ts, actor, action, reason, detail):
+    def record(self, *, ts, actor, action, reason, detail, audit=True):
         with self._lock:
-            self.states.note(ts=ts, actor=actor, action=action, reason=reason, detail=detail)
+            if audit:
+                self.states.note(ts=ts, actor=actor, action=action, reason=reason,
+                                 detail=detail)
             self._last = dict(detail, ts=ts, action=action, reason=reason)
 
     def last_evaluation(self):

@@ -74,6 +74,28 @@ def test_the_controller_user_runs_a_ramp_from_start_to_rollback(stores):
     assert operator_ramps.last_evaluation()["decision"] == "rollback"
 
 
+def test_the_controller_user_summarises_a_held_ramp(stores):
+    clock = FakeClock(time.time())
+    operator_states, operator_ramps = stores("operator")
+    states, ramps = stores("controller")
+    report(operator_states, clock)
+    operator_states.put_verdict(Verdict(
+        baseline_version="b1", optimized_version="o1", passed=False, failures=("agreement",),
+        n=100, agreement=0.5, agreement_lower_bound=0.4))
+    RampControl(operator_states, operator_ramps, clock).start(
+        parse_plan(PLAN), actor="alice", reason="ramp o1")
+    controller = RampController(states, ramps, ScriptedMetrics(), clock=clock, owner="c1",
+                                audit_heartbeat_s=300.0)
+    for _ in range(3):
+        clock.advance(5)
+        report(operator_states, clock)
+        assert controller.tick().reason.startswith("hold: the verify verdict failed")
+    entries = [e for e in operator_states.audit() if e.actor == "ramp-controller"]
+    assert len(entries) == 1  # the first; the other two are kept as the last one only
+    last = operator_ramps.last_evaluation()
+    assert last["ts"] == clock.time() and last["held"]["evaluations"] == 3
+
+
 def test_the_controller_user_may_not_touch_what_is_not_its_own(stores, secured, app):
     states, ramps = stores("controller")
     with pytest.raises(PermissionDenied):

@@ -113,7 +113,8 @@ def test_status_without_a_ramp(run):
     assert code == 0 and "none: no ramp has been started" in out
     code, out, _ = run("ramp", "status", "--json")
     assert code == 0 and json.loads(out) == {"ramp": None, "time_in_step_s": None,
-                                             "controller": None, "last_evaluation": None}
+                                             "controller": None, "last_evaluation": None,
+                                             "held_since": None, "stalled": False}
 
 
 def test_pause_resume_approve_abort_are_audited_with_actor_and_reason(run, plan):
