@@ -10,11 +10,14 @@ import argparse
 import getpass
 import os
 import socket
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from ops import _cli_ramp
-from rollout import InvalidChange, Settings, parse_percent
+from rollout.errors import InvalidChange
+from rollout.share import parse_percent
+
+if TYPE_CHECKING:
+    from rollout.settings import Settings
 
 PROG = "rollout"
 
@@ -220,6 +223,10 @@ def default_actor() -> str:
 
 
 def settings_from(args) -> Settings:
+    from pydantic import ValidationError  # imported here: `kill` parses without pydantic
+
+    from rollout.settings import Settings
+
     overrides = {}
     if getattr(args, "app", None) is not None:
         overrides["app_name"] = args.app

@@ -7,8 +7,12 @@ a stored value cannot break a table line or send escape sequences to the operato
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from rollout import RolloutState, format_bp
+from rollout.share import format_bp
+
+if TYPE_CHECKING:
+    from rollout.state import RolloutState
 
 
 def one_line(text: object) -> str:
@@ -16,6 +20,12 @@ def one_line(text: object) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     joined = " | ".join(lines)
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in joined)
+
+
+def change_line(what: str, after: RolloutState) -> str:
+    """What a change command prints: 'kill switch off -> on, ... (revision 4) by alice: why'."""
+    return (f"{what} (revision {after.revision}) by {one_line(after.updated_by)}: "
+            f"{one_line(after.reason)}")
 
 
 def when(ts: float) -> str:
@@ -49,12 +59,23 @@ def describe_change(before: RolloutState, after: RolloutState) -> str:
     return ", ".join(parts)
 
 
-def status_rows(state: RolloutState, now: float) -> list[tuple[str, str]]:
+def unaudited(state: RolloutState) -> str:
+    """Why a state without its audit entry is flagged, and how to record it."""
+    if state.kill:
+        return (f"revision {state.revision} (kill switch on) was written outside `rollout` and "
+                "has no audit entry (the redis-cli emergency kill?): record why with "
+                "`rollout kill --reason TEXT`")
+    return (f"revision {state.revision} was written outside `rollout` and has no audit entry: "
+            "check the share and set it with `rollout canary`")
+
+
+def status_rows(state: RolloutState, now: float, audited: bool = True) -> list[tuple[str, str]]:
     """The human `rollout status` table as (label, value) rows."""
     effective = format_bp(state.effective_bp) + " of traffic to optimized"
     rows = [
         ("canary share", format_bp(state.canary_bp)),
         ("kill switch", "ON: all traffic to baseline" if state.kill else "off"),
+        *([] if audited else [("UNAUDITED", unaudited(state))]),
         ("effective share", effective + (" (kill switch on)" if state.kill else "")),
         ("baseline", one_line(state.baseline_version) or "(share not bound to a version)"),
         ("optimized", one_line(state.optimized_version) or "(share not bound to a version)"),

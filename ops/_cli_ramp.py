@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from ops._cli_format import age, one_line, table, when
-from rollout import format_bp
-from rollout.ramp import RampControl, RampView, read_plan
+from rollout.share import format_bp
+
+if TYPE_CHECKING:  # rollout.ramp is imported when a ramp command runs, not to parse one
+    from rollout.ramp import RampControl, RampView
 
 _ACTIONS = {
     "start": ("start a ramp from a plan file (audited)",
@@ -69,6 +72,8 @@ def run(ctx, control: RampControl) -> int:
     if action == "status":
         return _status(ctx, control.view())
     if action == "start":
+        from rollout.ramp import read_plan
+
         plan = read_plan(ctx.args.plan)
         if ctx.rollout.state().kill:
             ctx.warn("the kill switch is on: the ramp holds until `rollout unkill`")

@@ -17,342 +17,38 @@ revision the operator saw, so a concurrent change is reported, never overwritten
 switch is the exception: it never asks and always wins.
 
 The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once;
-`verify` alone imports torch and transformers (ops.verify), when it runs.
+`verify` alone imports torch and transformers (ops.verify), when it runs. `kill` and `unkill`
+first try a fast path (ops._cli_kill) that imports neither pydantic nor redis-py and returns in
+a few tens of milliseconds; whatever it cannot do (an error to report, a question to ask) the
+full path (ops._cli_commands) does, from the start.
 Exit codes: 0 done, 1 store unavailable, conflict or aborted, 2 invalid usage or input, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import os
 import sys
-from dataclasses import dataclass
 from typing import IO
 
-from ops import _cli_ramp
-from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
-from ops._cli_format import describe_change, gateway_rows, one_line, status_rows, table, when
-from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
-from rollout import (
-    Clock,
-    InvalidChange,
-    PermissionDenied,
-    RevisionConflict,
-    RevisionNotFound,
-    Rollout,
-    RolloutError,
-    RolloutState,
-    Settings,
-    StateStore,
-    StoreUnavailable,
-    SystemClock,
-    Traces,
-    format_bp,
-    open_store,
-    open_telemetry,
-)
-from rollout.control import DEPLOYMENT_TTL_S, big_move
-from rollout.status import read_status
+from ops._cli_args import build_parser
+from ops._cli_kill import quick
+
+__all__ = ["build_parser", "main"]
 
 
-class Aborted(Exception):
-    """The operator declined to confirm: exit 1."""
-
-
-class NotFound(Exception):
-    """What the operator asked to see is not recorded: exit 1."""
-
-
-# --- commands ---------------------------------------------------------------------------------
-
-
-@dataclass
-class _Context:
-    args: argparse.Namespace
-    rollout: Rollout
-    clock: Clock
-    out: IO[str]
-    err: IO[str]
-    stdin: IO[str]
-    interactive: bool
-    where: str = ""
-    telemetry: object | None = None  # source of Windows and Traces; None: not shown
-    app: str = "default"
-    settings: Settings | None = None
-    ramps: object | None = None  # the ramp store (rollout.ramp.RampStore), for `ramp`
-
-    @property
-    def actor(self) -> str:
-        return getattr(self.args, "actor", None) or default_actor()
-
-    def say(self, line: str) -> None:
-        self.out.write(line + "\n")
-
-    def warn(self, line: str) -> None:
-        self.err.write(f"{PROG}: warning: {line}\n")
-
-    def done(self, what: str, after: RolloutState) -> None:
-        self.say(f"{what} (revision {after.revision}) by {one_line(after.updated_by)}: "
-                 f"{one_line(after.reason)}")
-
-    def confirm(self, before: RolloutState, planned: RolloutState, question: str, what: str):
-        """Ask before a big move; refuse without a terminal unless --yes."""
-        if self.args.yes or not big_move(before, planned):
-            return
-        if not self.interactive:
-            raise UsageError(f"{what} needs confirmation: pass --yes to confirm "
-                             "(stdin is not a terminal)")
-        self.err.write(f"{question} [y/N] ")
-        self.err.flush()
-        answer = self.stdin.readline()
-        if not (answer.endswith("\n") and _isatty(self.stdin)):  # a terminal echoed the newline
-            self.err.write("\n")
-        if answer.strip().lower() not in ("y", "yes"):
-            raise Aborted()
-
-
-def _status(ctx: _Context) -> int:
-    status = read_status(ctx.rollout.store, ctx.telemetry, app=ctx.app, window_s=ctx.args.window,
-                         clock=ctx.clock)
-    if ctx.args.json:
-        ctx.say(json.dumps(status.as_json()))
-        return 0
-    state, traffic, problem = status.state, status.traffic, status.traffic_error
-    shadow, now = status.shadow, status.now
-    rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, now)
-    rows += gateway_rows(state, status.gateways, now, DEPLOYMENT_TTL_S)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        ctx.say(f"{label:<{width}}  {value}")
-    if ctx.telemetry is None:
-        return 0
-    ctx.say("")
-    if problem:
-        ctx.say(f"traffic: unavailable ({one_line(problem)})")
-    elif not any(s.requests or s.calls for s in traffic.values()):
-        ctx.say(f"traffic: no requests recorded in the last {ctx.args.window}s")
-    else:
-        ctx.say(f"traffic over the last {ctx.args.window}s:")
-        for line in arm_rows(traffic):
-            ctx.say(line)
-    if shadow is not None:
-        ctx.say("")
-        for line in shadow_lines(shadow):
-            ctx.say(line)
-    return 0
-
-
-def _traces(ctx: _Context) -> int:
-    if ctx.telemetry is None:
-        raise UsageError("no telemetry store to read traces from")
-    traces = Traces(ctx.telemetry)
-    args = ctx.args
-    if args.request_id or args.trace_id:
-        if args.request_id:
-            found = traces.by_request(args.request_id)
-            trace_id, spans = found if found else (None, [])
-        else:
-            trace_id, spans = args.trace_id, traces.get(args.trace_id)
-        if not spans:
-            what = f"request {args.request_id}" if args.request_id else f"trace {trace_id}"
-            raise NotFound(f"no trace recorded for {what} (expired, not sampled, or "
-                           "telemetry off)")
-        if args.json:
-            ctx.say(json.dumps({"trace_id": trace_id, "spans": spans}))
-            return 0
-        duration = (max(s["end"] for s in spans) - min(s["start"] for s in spans)) * 1000
-        ctx.say(f"trace {trace_id}: {len(spans)} spans, {duration:.2f} ms")
-        for line in waterfall(spans):
-            ctx.say(line)
-        return 0
-    summaries = traces.recent(args.last)
-    if args.json:
-        ctx.say(json.dumps([t.as_dict() for t in summaries]))
-    elif not summaries:
-        ctx.say("no traces recorded")
-    else:
-        for line in trace_rows(summaries):
-            ctx.say(line)
-    return 0
-
-
-def _canary(ctx: _Context) -> int:
-    bp = ctx.args.percent
-    before = ctx.rollout.state()
-    old, new = format_bp(before.canary_bp), format_bp(bp)
-    if bp == before.canary_bp:
-        ctx.say(f"canary already at {new} (revision {before.revision}): nothing changed")
-        return 0
-    if before.kill:
-        ctx.warn("the kill switch is on: traffic stays on baseline until `rollout unkill`")
-    ctx.confirm(before, before.model_copy(update={"canary_bp": bp}),
-                f"Move canary from {old} to {new} (revision {before.revision})?",
-                f"moving the canary from {old} to {new}")
-    _, after = ctx.rollout.set_canary(bp, actor=ctx.actor, reason=ctx.args.reason,
-                                      expected_revision=before.revision)
-    ctx.done(f"canary {old} -> {new}", after)
-    return 0
-
-
-def _kill(ctx: _Context) -> int:
-    before, after = ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason)
-    what = "kill switch on (it was already on)" if before.kill else "kill switch off -> on"
-    ctx.done(what + ", all traffic to baseline", after)
-    return 0
-
-
-def _unkill(ctx: _Context) -> int:
-    before = ctx.rollout.state()
-    share = format_bp(before.canary_bp)
-    if not before.kill:
-        ctx.say(f"kill switch already off (revision {before.revision}): nothing changed")
-        return 0
-    ctx.confirm(before, before.model_copy(update={"kill": False}),
-                f"Turn the kill switch off, sending {share} of traffic to optimized "
-                f"(revision {before.revision})?",
-                f"turning the kill switch off with the canary at {share}")
-    _, after = ctx.rollout.unkill(actor=ctx.actor, reason=ctx.args.reason,
-                                  expected_revision=before.revision)
-    ctx.done(f"kill switch on -> off, {format_bp(after.effective_bp)} to optimized", after)
-    return 0
-
-
-def _revert(ctx: _Context) -> int:
-    revision = ctx.args.revision
-    target = ctx.rollout.store.state_at(revision)
-    before = ctx.rollout.state()
-    planned = before.model_copy(update={"canary_bp": target.canary_bp, "kill": target.kill})
-    change = describe_change(before, planned)
-    if not change:
-        ctx.say(f"nothing to revert: revision {before.revision} already has the share and kill "
-                f"switch of revision {revision}")
-        return 0
-    ctx.confirm(before, planned,
-                f"Revert to revision {revision} ({change}; now at revision {before.revision})?",
-                f"reverting to revision {revision} ({change})")
-    _, after = ctx.rollout.revert(revision, actor=ctx.actor, reason=ctx.args.reason,
-                                  expected_revision=before.revision)
-    ctx.done(f"revert to revision {revision}: {describe_change(before, after)}", after)
-    return 0
-
-
-def _audit(ctx: _Context) -> int:
-    entries = ctx.rollout.store.audit(last=ctx.args.last)
-    if ctx.args.json:
-        ctx.say(json.dumps([entry.model_dump(mode="json") for entry in entries]))
-    elif not entries:
-        ctx.say("no changes recorded")
-    else:
-        rows = [(e.id, when(e.ts), e.actor, e.action, str(e.revision), e.reason) for e in entries]
-        for line in table(("ID", "TIME", "ACTOR", "ACTION", "REVISION", "REASON"), rows):
-            ctx.say(line)
-    return 0
-
-
-def _verify(ctx: _Context) -> int:
-    from ops.verify_command import verify
-
-    return verify(ctx, ctx.settings or settings_from(ctx.args))
-
-
-def _ramp(ctx: _Context) -> int:
-    from rollout.ramp import RampControl
-
-    return _cli_ramp.run(ctx, RampControl(ctx.rollout.store, ctx.ramps, ctx.clock))
-
-
-_HANDLERS = {
-    "ramp": _ramp, "status": _status, "canary": _canary, "kill": _kill, "unkill": _unkill,
-    "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
-}
-
-
-# --- entry point ------------------------------------------------------------------------------
-
-
-def main(argv=None, *, store: StateStore | None = None, clock: Clock | None = None,
-         stdin: IO[str] | None = None, stdout: IO[str] | None = None,
-         stderr: IO[str] | None = None, telemetry=None, ramps=None) -> int:
+def main(argv=None, *, store=None, clock=None, stdin: IO[str] | None = None,
+         stdout: IO[str] | None = None, stderr: IO[str] | None = None, telemetry=None,
+         ramps=None) -> int:
     """Run one command and return its exit code. Tests inject the stores (state, telemetry,
     ramp), clock and streams; without a store, Settings() and the Redis stores are built from
     the environment and flags."""
-    out, err = stdout or sys.stdout, stderr or sys.stderr
-    interactive = stdin is not None or _isatty(sys.stdin)
-    opened = opened_telemetry = opened_ramps = None
-    try:
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                args = build_parser().parse_args(argv)
-        except SystemExit as exc:  # --help
-            return exc.code if isinstance(exc.code, int) else 0
-        where, app, settings = "", "default", None
-        if store is None:
-            settings = settings_from(args)
-            store = opened = open_store(settings)
-            where, app = _where(settings), settings.app_name
-            if telemetry is None and args.command in ("status", "traces"):
-                telemetry = opened_telemetry = open_telemetry(settings)
-            if ramps is None and args.command == "ramp":
-                from rollout.ramp import open_ramp_store
+    if store is None and clock is None and telemetry is None and ramps is None:
+        code = quick(argv, stdout=stdout, stderr=stderr)
+        if code is not None:
+            return code
+    from ops._cli_commands import run
 
-                ramps = opened_ramps = open_ramp_store(settings)
-        else:
-            app = getattr(store, "app", app)
-        clock = clock or SystemClock()
-        ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
-                       interactive, where, telemetry, app, settings, ramps)
-        return _HANDLERS[args.command](ctx)
-    except KeyboardInterrupt:
-        return _fail(err, "interrupted", 130, prefix="\n")
-    except (UsageError, InvalidChange, RevisionNotFound) as exc:
-        return _fail(err, f"error: {exc}", 2)
-    except Aborted:
-        return _fail(err, "aborted: nothing was changed", 1)
-    except PermissionDenied as exc:
-        return _fail(err, f"error: {exc} (this Redis user may not change the rollout; use an "
-                          "operator's credentials)", 1)
-    except NotFound as exc:
-        return _fail(err, f"error: {exc}", 1)
-    except RevisionConflict as exc:
-        return _fail(err, f"error: {exc}: nothing was changed; check `rollout status` and "
-                          "try again", 1)
-    except StoreUnavailable as exc:
-        return _fail(err, f"error: {exc} (check REDIS_URL or --redis-url)", 1)
-    except RolloutError as exc:
-        return _fail(err, f"error: {exc}", 1)
-    except BrokenPipeError:  # e.g. `rollout audit | head -1`
-        if stdout is None:
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except Exception as exc:  # a bug or an unexpected store reply: still one line, no traceback
-        return _fail(err, f"error: unexpected {type(exc).__name__}: {exc}", 1)
-    finally:
-        for resource in (opened, opened_telemetry, opened_ramps):
-            if resource is not None:
-                with contextlib.suppress(Exception):
-                    resource.close()
-
-
-def _fail(err: IO[str], message: str, code: int, prefix: str = "") -> int:
-    err.write(f"{prefix}{PROG}: {one_line(message)}\n")
-    err.flush()
-    return code
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream is not None and stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _where(settings: Settings) -> str:
-    from rollout.redis_store import redact_url
-
-    return f"{redact_url(settings.redis_url)} (app {settings.app_name})"
+    return run(argv, store=store, clock=clock, stdin=stdin, stdout=stdout, stderr=stderr,
+               telemetry=telemetry, ramps=ramps)
 
 
 if __name__ == "__main__":

@@ -1,35 +1,36 @@
 """Rollout logic, free of Ray and HTTP: state, store, routing policy, audited changes, and the
-telemetry it is judged by (per-arm windows, recent traces, the sink that writes them)."""
+telemetry it is judged by (per-arm windows, recent traces, the sink that writes them).
 
-from rollout.clock import Clock, FakeClock, SystemClock
-from rollout.control import Rollout
-from rollout.errors import (
-    InvalidChange,
-    LeaseLost,
-    PermissionDenied,
-    RampNotAllowed,
-    RevisionConflict,
-    RevisionNotFound,
-    RolloutError,
-    StoreUnavailable,
-)
-from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
-from rollout.settings import Settings
-from rollout.shadow import ShadowStats
-from rollout.sink import TelemetrySink
-from rollout.state import (
-    BUCKETS,
-    AuditEntry,
-    DeploymentReport,
-    RolloutState,
-    format_bp,
-    parse_percent,
-)
-from rollout.store import MemoryStateStore, StateStore, Subscription
-from rollout.traces import MemoryTelemetry, Traces, TraceSummary
-from rollout.verdict import Thresholds, Verdict, judge, judge_summary, thresholds_from
-from rollout.watcher import StateView, StateWatcher
-from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
+The names below are imported on first use (PEP 562), so that importing one light module of the
+package (rollout.share, rollout.killswitch: the CLI's kill switch) does not import pydantic and
+every other module with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "rollout.clock": ("Clock", "FakeClock", "SystemClock"),
+    "rollout.control": ("Rollout",),
+    "rollout.errors": (
+        "InvalidChange", "LeaseLost", "PermissionDenied", "RampNotAllowed", "RevisionConflict",
+        "RevisionNotFound", "RolloutError", "StoreUnavailable",
+    ),
+    "rollout.policy": ("Arm", "Decision", "Reason", "bucket_of", "decide", "effective_bp"),
+    "rollout.settings": ("Settings",),
+    "rollout.shadow": ("ShadowStats",),
+    "rollout.sink": ("TelemetrySink",),
+    "rollout.state": ("AuditEntry", "DeploymentReport", "RolloutState"),
+    "rollout.share": ("BUCKETS", "format_bp", "parse_percent"),
+    "rollout.store": ("MemoryStateStore", "StateStore", "Subscription"),
+    "rollout.traces": ("MemoryTelemetry", "TraceSummary", "Traces"),
+    "rollout.verdict": ("Thresholds", "Verdict", "judge", "judge_summary", "thresholds_from"),
+    "rollout.watcher": ("StateView", "StateWatcher"),
+    "rollout.windows": ("ArmStats", "Attempt", "RequestRecord", "Windows"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock", "Decision",
@@ -44,12 +45,51 @@ __all__ = [
     "parse_percent", "thresholds_from",
 ]
 
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from rollout.clock import Clock, FakeClock, SystemClock
+    from rollout.control import Rollout
+    from rollout.errors import (
+        InvalidChange,
+        LeaseLost,
+        PermissionDenied,
+        RampNotAllowed,
+        RevisionConflict,
+        RevisionNotFound,
+        RolloutError,
+        StoreUnavailable,
+    )
+    from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
+    from rollout.settings import Settings
+    from rollout.shadow import ShadowStats
+    from rollout.share import BUCKETS, format_bp, parse_percent
+    from rollout.sink import TelemetrySink
+    from rollout.state import AuditEntry, DeploymentReport, RolloutState
+    from rollout.store import MemoryStateStore, StateStore, Subscription
+    from rollout.traces import MemoryTelemetry, Traces, TraceSummary
+    from rollout.verdict import Thresholds, Verdict, judge, judge_summary, thresholds_from
+    from rollout.watcher import StateView, StateWatcher
+    from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
 
 def open_store(settings: Settings) -> StateStore:
     """The Redis store named by the settings (imported lazily: unit tests need no Redis client)."""
     from rollout.redis_store import RedisStateStore
 
-    return RedisStateStore(settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s)
+    return RedisStateStore(settings.redis_url, settings.app_name,
+                           timeout_s=settings.redis_timeout_s)
 
 
 def open_telemetry(settings: Settings):

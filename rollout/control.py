@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from rollout.clock import Clock, SystemClock
 from rollout.errors import InvalidChange, RevisionConflict
-from rollout.state import BUCKETS, RolloutState, format_bp
+from rollout.share import BIG_MOVE_BP, BUCKETS, big_move, format_bp
+from rollout.state import RolloutState
 from rollout.store import StateStore
+
+__all__ = ["BIG_MOVE_BP", "DEPLOYMENT_TTL_S", "Rollout", "big_move"]
 
 _KILL_ATTEMPTS = 20
 DEPLOYMENT_TTL_S = 60.0  # a gateway report older than this no longer counts as live
@@ -138,16 +141,3 @@ class Rollout:
             canary_bp=target.canary_bp, kill=target.kill,
         )
         return before, after
-
-
-BIG_MOVE_BP = BUCKETS // 2  # a move of 50 points or more needs confirmation
-
-
-def big_move(before: RolloutState, after: RolloutState) -> bool:
-    """Whether a change needs the operator's confirmation (the CLI's `--yes`, the dashboard's
-    confirm step): it moves the stored or the effective share by >= 50 points, or to 100 %."""
-    moves = ((before.canary_bp, after.canary_bp), (before.effective_bp, after.effective_bp))
-    for old, new in moves:
-        if old != new and (abs(new - old) >= BIG_MOVE_BP or new == BUCKETS):
-            return True
-    return False

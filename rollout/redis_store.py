@@ -1,17 +1,9 @@
 """The Redis state store.
 
-Keys, under one namespace per application (`rollout:<app>:`):
-
-- `state`    hash: the current state's fields plus `revision`
-- `history`  hash: revision -> the state's JSON (the rollback path)
-- `audit`    stream: actor, action, reason, revision, before, after, ts; notes (entries that
-             change nothing, e.g. ramp evaluations) add `detail` (JSON)
-- `changes`  pub/sub channel: the new revision, published on every change
-- `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
-- `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
-
-The write is one Lua script, so checking the revision, writing the state, recording history,
-appending the audit entry and notifying gateways happen atomically or not at all.
+The keys (`rollout:<app>:state`, `history`, `audit`, `changes`, `deployed`, `verdicts`) and the
+scripts that write them are laid out in rollout.redis_layout. The write is one Lua script, so
+checking the revision, writing the state, recording history, appending the audit entry and
+notifying gateways happen atomically or not at all.
 """
 
 from __future__ import annotations
@@ -22,32 +14,10 @@ import re
 import redis
 
 from rollout.errors import PermissionDenied, RevisionConflict, RevisionNotFound, StoreUnavailable
+from rollout.redis_layout import CAS, NOTE, Keys
 from rollout.state import AuditEntry, DeploymentReport, RolloutState
 from rollout.store import StateStore, Subscription, check_successor
 from rollout.verdict import Verdict
-
-_CAS = """
-local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
-if current ~= tonumber(ARGV[1]) then
-  return {0, current}
-end
-redis.call('HSET', KEYS[1], 'revision', ARGV[2], 'json', ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-redis.call('XADD', KEYS[3], '*', 'ts', ARGV[4], 'actor', ARGV[5], 'action', ARGV[6],
-           'reason', ARGV[7], 'revision', ARGV[2], 'before', ARGV[8], 'after', ARGV[3])
-redis.call('PUBLISH', ARGV[9], ARGV[2])
-return {1, tonumber(ARGV[2])}
-"""
-
-# An audit entry that changes nothing: the current state as both before and after.
-NOTE = """
-local state = redis.call('HGET', KEYS[1], 'json')
-local revision = redis.call('HGET', KEYS[1], 'revision') or '0'
-local before = state or ''
-redis.call('XADD', KEYS[2], '*', 'ts', ARGV[1], 'actor', ARGV[2], 'action', ARGV[3],
-           'reason', ARGV[4], 'revision', revision, 'before', before, 'after', state or ARGV[5],
-           'detail', ARGV[6])
-"""
 
 _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError)
 
@@ -122,13 +92,13 @@ class RedisStateStore(StateStore):
         self.url = url
         self.app = app
         self.timeout_s = timeout_s
-        prefix = f"rollout:{app}:"
-        self.state_key = prefix + "state"
-        self.history_key = prefix + "history"
-        self.audit_key = prefix + "audit"
-        self.channel = prefix + "changes"
-        self.deployed_key = prefix + "deployed"
-        self.verdicts_key = prefix + "verdicts"
+        keys = Keys(app)
+        self.state_key = keys.state
+        self.history_key = keys.history
+        self.audit_key = keys.audit
+        self.channel = keys.changes
+        self.deployed_key = keys.deployed
+        self.verdicts_key = keys.verdicts
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -136,7 +106,7 @@ class RedisStateStore(StateStore):
             health_check_interval=30,
             decode_responses=True,
         )
-        self._cas = self._client.register_script(_CAS)
+        self._cas = self._client.register_script(CAS)
         self._note = self._client.register_script(NOTE)
 
     def _call(self, fn, *args, **kwargs):

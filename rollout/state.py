@@ -1,21 +1,17 @@
 """The rollout state and the audit record, as immutable pydantic models.
 
-The canary share is kept in basis points (1 bp = 0.01 %) so that every share an operator can
-set is exact: 0.01 % is the smallest step and 10,000 bp is all traffic.
+The canary share is kept in basis points (rollout.share: 1 bp = 0.01 %) so that every share an
+operator can set is exact: 0.01 % is the smallest step and 10,000 bp is all traffic.
 """
 
 from __future__ import annotations
 
-import math
-import re
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout.errors import InvalidChange
+from rollout.share import BUCKETS, format_bp, parse_percent
 
-BUCKETS = 10_000  # one bucket per basis point of traffic
-
-_PERCENT = re.compile(r"^\d{1,3}(\.\d{1,2})?$")
+__all__ = ["BUCKETS", "AuditEntry", "DeploymentReport", "RolloutState", "format_bp",
+           "parse_percent"]
 
 
 class RolloutState(BaseModel):
@@ -71,29 +67,3 @@ class DeploymentReport(BaseModel):
     events: tuple[str, ...] = ()  # store outages and resets it lived through, newest last
     optimized_recipe: str = ""  # the recipe the optimized arm runs (what `auto` resolved to)
     auto: str = ""  # when the recipe was `auto`: how it was chosen (serve.autopick.describe)
-
-
-def parse_percent(text: str | float) -> int:
-    """Turn an operator's percentage ("5", "0.25", "100") into basis points.
-
-    Rejects anything outside 0–100 or finer than 0.01 %, rather than rounding silently.
-    """
-    raw = str(text).strip()
-    if isinstance(text, float) and math.isfinite(text):
-        raw = f"{text:.10f}".rstrip("0").rstrip(".")
-    if not _PERCENT.match(raw):
-        raise InvalidChange(
-            f"invalid canary share {str(text)!r}: give a percentage between 0 and 100 "
-            "with at most two decimals (0.01 is the smallest step)"
-        )
-    whole, _, frac = raw.partition(".")
-    bp = int(whole) * 100 + int((frac + "00")[:2])
-    if bp > BUCKETS:
-        raise InvalidChange(f"invalid canary share {raw}%: it cannot exceed 100")
-    return bp
-
-
-def format_bp(bp: int) -> str:
-    """Basis points as a percentage string without float noise: 1 -> '0.01%', 500 -> '5%'."""
-    whole, frac = divmod(bp, 100)
-    return f"{whole}.{frac:02d}".rstrip("0").rstrip(".") + "%"

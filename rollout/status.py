@@ -5,6 +5,12 @@ recent and whether it serves the optimized version the share is bound to), and, 
 telemetry source, each arm's window over the last `window_s` seconds and the online agreement
 of shadow comparisons (over `agreement_s`). Reading telemetry never fails a status:
 an unreachable telemetry store is reported as `traffic.error`.
+
+`audited` says whether the stored state is the one the audited write of its revision recorded.
+Every audited change stores its state in the history and appends its audit entry in one atomic
+step, so a state that differs from its revision's history (or has none) was written some other
+way: the emergency `redis-cli` kill of the README, or a hand edit. The status flags it until
+the next audited change.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass
 
 from rollout.clock import Clock, SystemClock
 from rollout.control import DEPLOYMENT_TTL_S
-from rollout.errors import StoreUnavailable
+from rollout.errors import RevisionNotFound, StoreUnavailable
 from rollout.shadow import ShadowStats
 from rollout.state import DeploymentReport, RolloutState
 from rollout.store import StateStore
@@ -30,6 +36,7 @@ class Status:
     traffic_error: str | None = None
     shadow: ShadowStats | None = None  # online agreement of shadow comparisons
     telemetry: bool = False  # whether a telemetry source was read
+    audited: bool = True  # the state is the one its revision's audit entry recorded
 
     def silent(self, report: DeploymentReport) -> bool:
         """A gateway whose last report is older than DEPLOYMENT_TTL_S."""
@@ -52,7 +59,7 @@ class Status:
                        version_mismatch=self.mismatched(report))
             gateways.append(row)
         doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100,
-                   gateways=gateways)
+                   gateways=gateways, audited=self.audited)
         if self.telemetry:
             arms = self.traffic
             doc["traffic"] = {
@@ -71,9 +78,9 @@ def read_status(
     fail without failing the status. Agreement is over `agreement_s` (default: `window_s`)."""
     clock = clock or SystemClock()
     state, reports = store.get(), tuple(store.deployments())
-    now = clock.time()
+    now, audited = clock.time(), _audited(store, state)
     if telemetry is None:
-        return Status(state, reports, now, window_s)
+        return Status(state, reports, now, window_s, audited=audited)
     windows = Windows(telemetry, app, clock=clock)
     traffic = shadow = problem = None
     try:
@@ -81,4 +88,15 @@ def read_status(
         shadow = windows.shadow(agreement_s or window_s)
     except StoreUnavailable as exc:
         problem = str(exc)
-    return Status(state, reports, now, window_s, traffic, problem, shadow, telemetry=True)
+    return Status(state, reports, now, window_s, traffic, problem, shadow, telemetry=True,
+                  audited=audited)
+
+
+def _audited(store: StateStore, state: RolloutState) -> bool:
+    """Whether `state` is what the audited write of its revision stored (see the docstring)."""
+    if not state.revision:
+        return True
+    try:
+        return store.state_at(state.revision) == state
+    except RevisionNotFound:
+        return False

@@ -22,7 +22,8 @@ import redis
 from rollout.errors import LeaseLost, RevisionConflict
 from rollout.ramp.machine import Ramp
 from rollout.ramp.store import RampStore, check_next
-from rollout.redis_store import NOTE, call_redis
+from rollout.redis_layout import NOTE
+from rollout.redis_store import call_redis
 from rollout.state import RolloutState
 
 # KEYS: ramp, lease, state, audit, last. ARGV: before revision, after revision, after JSON, owner,

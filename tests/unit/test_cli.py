@@ -111,6 +111,37 @@ def test_status_json(run):
     assert {"baseline_version", "optimized_version", "updated_at"} <= doc.keys()
 
 
+class WrittenAround(MemoryStateStore):
+    """A store whose current state was written around the audited path (as the README's
+    redis-cli emergency kill does): `changes` applied, no history, no audit entry."""
+
+    def __init__(self, **changes):
+        super().__init__()
+        self.changes = changes
+
+    def get(self):
+        state = super().get()
+        if not self.changes:
+            return state
+        return state.model_copy(update=dict(self.changes, updated_by="redis-cli"))
+
+
+def test_status_flags_a_kill_switch_without_its_audit_entry():
+    run = Cli(WrittenAround())
+    run.setup("canary", "5", "--reason", "first 5%")
+    assert json.loads(run("status", "--json").out)["audited"] is True
+    assert "UNAUDITED" not in run("status").out
+    run.store.changes = {"kill": True, "revision": 2}  # the emergency kill: revision bumped
+    doc = json.loads(run("status", "--json").out)
+    assert doc["audited"] is False and doc["kill"] is True
+    row = next(line for line in run("status").out.splitlines() if line.startswith("UNAUDITED"))
+    assert "revision 2 (kill switch on) was written outside `rollout` and has no audit entry" \
+           in row and "record why with `rollout kill --reason TEXT`" in row
+    run.store.changes = {"canary_bp": 9000}  # a hand edit at the same revision
+    assert json.loads(run("status", "--json").out)["audited"] is False
+    assert "revision 1 was written outside `rollout`" in run("status").out
+
+
 # --- canary -----------------------------------------------------------------------------------
 
 

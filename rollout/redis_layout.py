@@ -1,0 +1,82 @@
+"""How the state store lays its data out in Redis: the key names and the scripts that write them.
+
+Keys, under one namespace per application (`rollout:<app>:`):
+
+- `state`    hash: `revision` and `json` (the current RolloutState's JSON)
+- `history`  hash: revision -> the state's JSON (the rollback path)
+- `audit`    stream: actor, action, reason, revision, before, after, ts; notes (entries that
+             change nothing, e.g. ramp evaluations) add `detail` (JSON). Never trimmed.
+- `changes`  pub/sub channel: the new revision, published on every change
+- `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
+- `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
+
+Plain Python, no Redis client: rollout.redis_store runs these scripts through redis-py, and the
+CLI's kill switch (rollout.killswitch) through a bare connection, so both write alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The Redis keys and channel of one application."""
+
+    app: str
+
+    @property
+    def prefix(self) -> str:
+        return f"rollout:{self.app}:"
+
+    @property
+    def state(self) -> str:
+        return self.prefix + "state"
+
+    @property
+    def history(self) -> str:
+        return self.prefix + "history"
+
+    @property
+    def audit(self) -> str:
+        return self.prefix + "audit"
+
+    @property
+    def changes(self) -> str:
+        return self.prefix + "changes"
+
+    @property
+    def deployed(self) -> str:
+        return self.prefix + "deployed"
+
+    @property
+    def verdicts(self) -> str:
+        return self.prefix + "verdicts"
+
+
+# The one write of the state. KEYS: state, history, audit. ARGV: before revision, after
+# revision, after JSON, ts, actor, action, reason, before JSON ('' for none), channel.
+# Returns {1, after revision}, or {0, current revision} when the state moved meanwhile.
+CAS = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
+if current ~= tonumber(ARGV[1]) then
+  return {0, current}
+end
+redis.call('HSET', KEYS[1], 'revision', ARGV[2], 'json', ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'ts', ARGV[4], 'actor', ARGV[5], 'action', ARGV[6],
+           'reason', ARGV[7], 'revision', ARGV[2], 'before', ARGV[8], 'after', ARGV[3])
+redis.call('PUBLISH', ARGV[9], ARGV[2])
+return {1, tonumber(ARGV[2])}
+"""
+
+# An audit entry that changes nothing: the current state as both before and after.
+# KEYS: state, audit. ARGV: ts, actor, action, reason, default state JSON, detail JSON.
+NOTE = """
+local state = redis.call('HGET', KEYS[1], 'json')
+local revision = redis.call('HGET', KEYS[1], 'revision') or '0'
+local before = state or ''
+redis.call('XADD', KEYS[2], '*', 'ts', ARGV[1], 'actor', ARGV[2], 'action', ARGV[3],
+           'reason', ARGV[4], 'revision', revision, 'before', before, 'after', state or ARGV[5],
+           'detail', ARGV[6])
+"""

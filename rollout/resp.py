@@ -1,0 +1,228 @@
+"""A minimal Redis client: RESP2 over TCP, TLS or a Unix socket, standard library only.
+
+For the one path that cannot wait for redis-py's import (about 150 ms, most of it asyncio and
+OpenTelemetry's SDK): the CLI's kill switch (rollout.killswitch). Everything else uses redis-py.
+
+It reads the URLs redis-py's `Redis.from_url` reads, for the options below, and connects as
+redis-py does (AUTH [username] password, then SELECT db; the same TLS context). A URL with any
+other option raises `Unsupported`: the caller then takes the redis-py path, so nothing is ever
+connected differently from it.
+
+    redis://[[username]:password@]host[:port][/db]    rediss://...    unix:///path?db=N
+    query options: db, username, password, ssl_cert_reqs (none | optional | required),
+                   ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_check_hostname
+
+Errors: `ReplyError` for an error reply (WRONGPASS, NOPERM, NOSCRIPT, ...); OSError (timeouts
+and TLS errors included) for the transport; `ProtocolError` for a reply it cannot read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlparse
+
+_OPTIONS = {"db", "username", "password", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
+            "ssl_keyfile", "ssl_check_hostname"}
+_FALSE = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool
+
+
+class Unsupported(ValueError):
+    """The URL needs an option this client does not implement: use redis-py."""
+
+
+class ReplyError(Exception):
+    """Redis answered with an error."""
+
+
+class ProtocolError(Exception):
+    """A reply this client cannot read."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where and how to connect, as redis-py's `parse_url` reads a URL."""
+
+    tls: bool = False
+    host: str = "localhost"
+    port: int = 6379
+    path: str | None = None  # a Unix socket
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    cert_reqs: str = "required"
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    check_hostname: bool = True
+
+
+def parse_url(url: str) -> Address:
+    """The address of a redis://, rediss:// or unix:// URL; Unsupported for anything else."""
+    try:
+        parts = urlparse(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise Unsupported(f"scheme {parts.scheme!r}")
+        query = {name: values[0] for name, values in parse_qs(parts.query).items() if values}
+        unknown = set(query) - _OPTIONS
+        if unknown:
+            raise Unsupported(f"URL options {sorted(unknown)}")
+        fields: dict = {}
+        if "db" in query:
+            fields["db"] = int(query["db"])
+        username = unquote(parts.username) if parts.username else query.get("username")
+        password = unquote(parts.password) if parts.password else query.get("password")
+        if username and not password:
+            raise Unsupported("a username without a password")
+        fields.update(username=username or None, password=password or None)
+        if parts.scheme == "unix":
+            fields["path"] = unquote(parts.path) if parts.path else None
+            if not fields["path"]:
+                raise Unsupported("a unix:// URL without a path")
+        else:
+            if parts.hostname:
+                fields["host"] = unquote(parts.hostname)
+            if parts.port:
+                fields["port"] = int(parts.port)
+            if parts.path and "db" not in query:
+                try:
+                    fields["db"] = int(unquote(parts.path).replace("/", ""))
+                except ValueError:
+                    pass  # redis-py ignores a path that is not a number too
+        if parts.scheme == "rediss":
+            fields.update(_tls(query))
+        return Address(**fields)
+    except ValueError as exc:  # a bad port or db number: redis-py's to report
+        raise Unsupported(str(exc)) from None
+
+
+def _tls(query: dict[str, str]) -> dict:
+    reqs = query.get("ssl_cert_reqs", "required")
+    if reqs not in ("none", "optional", "required"):
+        raise Unsupported(f"ssl_cert_reqs={reqs!r}")
+    check = query.get("ssl_check_hostname")
+    return {"tls": True, "cert_reqs": reqs, "ca_certs": query.get("ssl_ca_certs"),
+            "certfile": query.get("ssl_certfile"), "keyfile": query.get("ssl_keyfile"),
+            "check_hostname": True if check is None else check.upper() not in _FALSE}
+
+
+class Connection:
+    """One connection, authenticated and on its database; a context manager."""
+
+    def __init__(self, address: Address, timeout_s: float):
+        self._sock = _open(address, timeout_s)
+        self._file = self._sock.makefile("rb")
+        try:
+            if address.password:
+                creds = [address.username] if address.username else []
+                if self.call("AUTH", *creds, address.password) != "OK":
+                    raise ReplyError("AUTH was not accepted")
+            if address.db and self.call("SELECT", address.db) != "OK":
+                raise ReplyError(f"SELECT {address.db} was not accepted")
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
+            self._sock.close()
+
+    def call(self, *args):
+        """Send one command, return its reply (strings decoded as UTF-8, as redis-py's
+        `decode_responses=True` does); an error reply raises ReplyError."""
+        self._sock.sendall(_command(args))
+        return self._reply()
+
+    def script(self, source: str, keys: list[str], args: list) -> object:
+        """Run a Lua script as redis-py's `register_script` does: EVALSHA, and EVAL (which
+        caches it) the first time the server does not know it."""
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        try:
+            return self.call("EVALSHA", sha, len(keys), *keys, *args)
+        except ReplyError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return self.call("EVAL", source, len(keys), *keys, *args)
+
+    def _reply(self):
+        line = self._file.readline()
+        if not line.endswith(b"\r\n"):
+            raise ProtocolError("the connection closed mid-reply")
+        kind, body = line[:1], line[1:-2]
+        if kind == b"+":
+            return body.decode()
+        if kind == b"-":
+            raise ReplyError(body.decode(errors="replace"))
+        if kind == b":":
+            return int(body)
+        if kind == b"$":
+            size = int(body)
+            if size < 0:
+                return None
+            data = self._file.read(size + 2)
+            if len(data) != size + 2:
+                raise ProtocolError("the connection closed mid-reply")
+            return data[:-2].decode()
+        if kind == b"*":
+            count = int(body)
+            return None if count < 0 else [self._reply() for _ in range(count)]
+        raise ProtocolError(f"unexpected reply type {kind!r}")
+
+
+def connect(url: str, timeout_s: float) -> Connection:
+    """A connection to the Redis at `url` (`timeout_s` for connecting and for each reply)."""
+    return Connection(parse_url(url), timeout_s)
+
+
+def _open(address: Address, timeout_s: float) -> socket.socket:
+    if address.path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(address.path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if not address.tls:
+        return sock
+    try:
+        return _context(address).wrap_socket(sock, server_hostname=address.host)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _context(address: Address):
+    """The TLS context redis-py's SSLConnection builds for the same options."""
+    import ssl
+
+    context = ssl.create_default_context()
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+            "required": ssl.CERT_REQUIRED}[address.cert_reqs]
+    context.check_hostname = address.check_hostname if reqs != ssl.CERT_NONE else False
+    context.verify_mode = reqs
+    if address.certfile or address.keyfile:
+        context.load_cert_chain(certfile=address.certfile, keyfile=address.keyfile)
+    if address.ca_certs is not None:
+        context.load_verify_locations(cafile=address.ca_certs)
+    return context
+
+
+def _command(args) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
