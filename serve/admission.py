@@ -69,6 +69,11 @@ class AdaptiveLimit:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def snapshot(self) -> dict:
+        """What `GET /v1/rollout` shows of this replica's admission."""
+        return {"limit": int(self.limit), "in_flight": self.in_flight, "waiting": self.waiting,
+                "shed": self.shed, "adaptive": self.enabled}
+
     def try_enter(self) -> Slot | None:
         """A slot now, or None when the limit is reached (or others wait for one)."""
         if self.in_flight >= int(self.limit) or self._waiting:

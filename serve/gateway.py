@@ -459,6 +459,7 @@ class Gateway(DashboardRoutes):
             "state_age_s": None if view.age_s == float("inf") else round(view.age_s, 3),
             "store_error": view.error,
             "serving": {arm.value: info["version"] for arm, info in self.models.items()},
+            "admission": self.admission.snapshot(),
         }
 
     @api.get("/metrics")

@@ -1,8 +1,8 @@
 """How Ray Serve itself runs the gateway: environment variables that Ray reads when it starts.
 
-The gateway's own settings are in `rollout.settings`. These are Ray's: every Ray process reads
-them when it starts (controller, proxy, replicas). So they must be in the environment of the
-process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests and
+The gateway's own settings are in `rollout.settings`. These are Ray's (and one of OpenMP's):
+every Ray process reads them when it starts (controller, proxy, replicas). So they must be in
+the environment of the process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests and
 `python -m ops.bench` set them before `ray.init`. A value already in the environment wins, so
 `RAY_SERVE_THROUGHPUT_OPTIMIZED=0 RAY_SERVE_ENABLE_HA_PROXY=0` brings back Serve's defaults.
 
@@ -17,6 +17,8 @@ process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests
   away keeps accepting requests (see `RAY_ENV`).
 - `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.ingress:middlewares`: Serve's HTTP proxy
   callback, which wraps every HTTP request in serve.ingress (slow bodies, request ids).
+- `OMP_WAIT_POLICY=PASSIVE`: not Ray's but OpenMP's, read by every worker's torch: idle
+  threads sleep rather than spin (see `RAY_ENV`).
 
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
 6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
@@ -48,6 +50,12 @@ RAY_ENV = {
     # The gateway's own ASGI middleware, outermost (serve.ingress): request bodies received
     # under a deadline before they take any slot, and request ids made safe to echo.
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.ingress:middlewares",
+    # OpenMP threads that finish their part of a parallel region sleep instead of spinning.
+    # A spinning thread takes a core from the gateway, HAProxy and the other arm, and a model
+    # replica whose thread was descheduled waits for it at every region: on the 2-core
+    # reference machine, at twice capacity, goodput fell to 15 req/s with spinning and was
+    # 111 req/s with this (python -m ops.drill overload, docs/benchmarks.md).
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 

@@ -14,7 +14,8 @@ def test_defaults_fill_in_and_the_operators_values_win():
     got = ray_env.apply(env)
     assert got == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0",
                    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-                   "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.ingress:middlewares"}
+                   "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.ingress:middlewares",
+                   "OMP_WAIT_POLICY": "PASSIVE"}
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
 
 
@@ -33,7 +34,8 @@ def test_exports_are_shell_lines_that_leave_the_callers_environment_alone():
     assert lines == ["export RAY_SERVE_THROUGHPUT_OPTIMIZED=0",
                      "export RAY_SERVE_ENABLE_HA_PROXY=1",
                      "export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2",
-                     "export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.ingress:middlewares"]
+                     "export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.ingress:middlewares",
+                     "export OMP_WAIT_POLICY=PASSIVE"]
     assert env == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
     out = subprocess.run([sys.executable, "-m", "serve.ray_env"], capture_output=True, text=True,
                          check=True, env={"RAY_SERVE_ENABLE_HA_PROXY": "0"}).stdout
