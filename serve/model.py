@@ -30,6 +30,7 @@ from serve.autopick import describe
 from serve.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
 from serve.compute import ComputeFollower
+from serve.memory import Trimmer, release_free_memory
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
 from serve.variants import Encoded, Variant
@@ -106,6 +107,7 @@ class ModelServer:
         self._s_per_token = 0.0  # seconds per token of the last forward
         self._batches = 0
         self.expired = 0  # requests dropped because their deadline passed before the forward
+        self.trimmer = Trimmer()  # free memory goes back to the OS after a burst (serve.memory)
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
         self.threads = torch.get_num_threads()
@@ -169,6 +171,7 @@ class ModelServer:
             "threads": self.threads,
             "batch_wait_ms": self.batch_wait_ms,
             "expired": self.expired,
+            "memory_trims": self.trimmer.trims,
         }
 
     def _batch_window(self) -> None:
@@ -302,6 +305,10 @@ class ModelServer:
         finally:
             self._forwarding -= 1
         self.expired += sum(isinstance(r, Expired) for r in rows)
+        self.trimmer.forwarded(tokens)
+        if self.waiting == 0 and self.trimmer.due():  # idle after a burst
+            self.trimmer.done()
+            self._forward_pool.submit(release_free_memory)
         forward_end = time.perf_counter()
         self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)
