@@ -130,3 +130,11 @@ def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
         assert time.monotonic() < deadline, "the replica never dropped an expired request"
         time.sleep(0.2)
     assert expired >= 1
+
+
+def test_the_gateway_shows_its_admission(gw):
+    admission = gw.served_state()["admission"]
+    assert admission["adaptive"] is True
+    assert (gw.settings.gateway_min_in_flight <= admission["limit"]
+            <= gw.settings.gateway_max_in_flight)
+    assert admission["in_flight"] >= 0 and admission["waiting"] == 0
