@@ -70,3 +70,16 @@ def percent(text: str) -> float:
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"{text!r} must be within 0..100")
     return value
+
+
+def niceness(text: str) -> int | str:
+    """`auto`, `none` or a niceness within -20..19."""
+    if text in ("auto", "none"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not auto, none or a whole number") from None
+    if not -20 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"{text!r} must be within -20..19")
+    return value

@@ -24,10 +24,19 @@ import time
 from ops._drill_args import bounded_int, percent, positive_float, seconds
 from ops._drill_client import DrillError, Target
 from ops._drill_control import Cli, canary_at, kill_restored
-from ops._drill_load import Sender, Shot, batch_bodies, closed_loop, make_texts
+from ops._drill_load import (
+    LoopLag,
+    Sender,
+    Shot,
+    as_operator,
+    batch_bodies,
+    closed_loop,
+    make_texts,
+)
 from ops._drill_memory import replica_rss, watch_rss
 from ops._drill_overload import (
     add_measure_arguments,
+    client_figures,
     load_and_recover,
     load_goals,
     measure,
@@ -79,7 +88,9 @@ async def run(target: Target, args) -> Report:
             fire = lambda n: sender(bodies[n % len(bodies)], f"drill-burst-{n}", args.texts)  # noqa: E731
             unloaded, steps, capacity = await measure(fire, args, args.capacity, "texts_per_s")
             _measured(report, unloaded, steps, capacity)
-            await _burst(report, target, cli, fire, probe, capacity, unloaded["p99_ms"], args)
+            report.figures["client, unloaded and capacity runs"] = sender.take_stats().text()
+            await _burst(report, target, cli, sender, fire, probe, capacity, unloaded["p99_ms"],
+                         args)
     finally:
         await sender.aclose()
         await probe.aclose()
@@ -97,19 +108,26 @@ def _measured(report: Report, unloaded: dict, steps: list[dict], capacity: float
                             "raise --unloaded-duration for a steadier figure")
 
 
-async def _burst(report, target, cli, fire, probe, capacity, unloaded_p99, args) -> None:
+async def _burst(report, target, cli, sender, fire, probe, capacity, unloaded_p99,
+                 args) -> None:
     rss_before = replica_rss(args.serve_app)
     shots: list[Shot] = []
+    sender.take_stats()
     with kill_restored(cli, target.url):
-        kills = _KillTimer(cli, args.kills, args.duration) if args.kill_during else None
+        # started from the operator's thread: the kills run at the niceness an operator's do
+        kills = (as_operator(_KillTimer, cli, args.kills, args.duration) if args.kill_during
+                 else None)
         try:
             loop = closed_loop(fire, shots, concurrency=args.clients, duration_s=args.duration)
-            figures, recovery, offered, rss = await _run_burst(loop, shots, probe, rss_before, args)
+            async with LoopLag() as lag:
+                figures, recovery, offered, rss = await _run_burst(loop, shots, probe,
+                                                                   rss_before, args)
         finally:  # no kill may land after the switch is restored
             if kills:
                 kills.finish()
     report.figures["burst"] = phase_figures(figures, recovery, "texts_per_s", "texts/s")
     report.figures["burst statuses"] = figures["statuses"]
+    client_figures(report, "burst: ", sender, lag)
     report.goals += load_goals("", figures, capacity, unloaded_p99, recovery, per="texts_per_s")
     _memory(report, rss_before, rss)
     if kills:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from ops._drill_args import bounded_int, client_counts, factors, positive_float, seconds
 from ops._drill_client import DrillError, Target
 from ops._drill_load import (
+    LoopLag,
     Offered,
     Sender,
     Shot,
@@ -37,6 +38,7 @@ NAME = "overload"
 HELP = "open-loop load at 2x, 5x, 10x measured capacity: goodput, p99, nothing lost, recovery"
 RECOVERED_MS = 200
 RECOVERY_GOAL_S = 5.0
+LAG_NOTE_MS = 100.0  # a client loop later than this is noted beside the latencies
 MAX_RATE = 5_000.0  # requests offered per second at most, whatever capacity x factor says
 
 
@@ -113,6 +115,16 @@ def load_goals(prefix: str, figures: dict, capacity: float, unloaded_p99: float 
     ]
 
 
+def client_figures(report: Report, prefix: str, sender: Sender, lag: LoopLag) -> None:
+    """What the client did besides the timed requests during a phase: its waits for a free
+    connection (outside the latencies) and how late its event loop ran (inside them)."""
+    report.figures[f"{prefix}client"] = sender.take_stats().text()
+    report.figures[f"{prefix}client loop lag"] = lag.text()
+    if (lag.max_ms or 0) > LAG_NOTE_MS:
+        report.notes.append(f"{prefix}the client's event loop ran up to {lag.max_ms:.0f} ms late: "
+                            "a latency may hold up to that much of the client's own delay")
+
+
 def phase_figures(figures: dict, recovery_s: float | None, per: str, unit: str) -> str:
     counts = ", ".join(f"{k}={v}" for k, v in figures["counts"].items())
     p99 = "-" if figures["p99_ms"] is None else f"{figures['p99_ms']:.1f} ms"
@@ -133,8 +145,10 @@ async def run(target: Target, args) -> Report:
             report.figures[f"capacity step, {step['concurrency']} clients"] = (
                 f"{step['ok_per_s']:.1f} 200s/s, p99 {step['p99_ms'] or 0:.1f} ms")
         report.figures["capacity 200s/s"] = capacity
+        report.figures["client, unloaded and capacity runs"] = sender.take_stats().text()
         for factor in args.factors:
-            await _factor(report, fire, probe, factor, capacity, unloaded["p99_ms"], args)
+            await _factor(report, sender, fire, probe, factor, capacity, unloaded["p99_ms"],
+                          args)
             await asyncio.sleep(1.0)
     finally:
         await sender.aclose()
@@ -142,7 +156,7 @@ async def run(target: Target, args) -> Report:
     return report
 
 
-async def _factor(report, fire, probe, factor, capacity, unloaded_p99, args) -> None:
+async def _factor(report, sender, fire, probe, factor, capacity, unloaded_p99, args) -> None:
     """One open-loop phase at `factor` x capacity, its figures and goals."""
     rate, name = factor * capacity, f"{factor:g}x"
     if rate > MAX_RATE:
@@ -151,12 +165,15 @@ async def _factor(report, fire, probe, factor, capacity, unloaded_p99, args) -> 
     shots: list[Shot] = []
     loop = open_loop(fire, shots, rate=rate, duration_s=args.duration,
                      max_in_flight=args.max_in_flight)
-    figures, recovery, offered = await load_and_recover(loop, shots, probe, args.give_up)
+    sender.take_stats()
+    async with LoopLag() as lag:
+        figures, recovery, offered = await load_and_recover(loop, shots, probe, args.give_up)
     sent_rate = offered.sent / offered.sent_for_s
     report.figures[f"{name}: offered"] = (f"{rate:.1f}/s: {offered.sent} sent in "
                                           f"{offered.sent_for_s:.1f} s ({sent_rate:.1f}/s)")
     report.figures[name] = phase_figures(figures, recovery, "ok_per_s", "200s/s")
     report.figures[f"{name}: statuses"] = figures["statuses"]
+    client_figures(report, f"{name}: ", sender, lag)
     if sent_rate < 0.9 * rate:
         report.notes.append(f"{name}: the client offered only {sent_rate:.1f}/s of {rate:.1f}/s "
                             "(it shares the machine's CPUs)")

@@ -14,6 +14,11 @@ scenario is bounded in count and time (`SCENARIO --help` lists its options and d
 audited) and restore the share and kill switch they found. Run it on the gateway's machine:
 `burst` reads the model replicas' memory from /proc.
 
+The load runs at the Serve workers' niceness (`--nice auto`, the default: that of the
+`ray::ServeReplica:*` processes, 15 under Ray), so that it does not preempt the server it
+measures; the first figure of each report says what was used and why. The `rollout` commands a
+scenario times keep the niceness the drill was started with, as an operator's shell would.
+
 Exit codes: 0 every judged goal passed, 1 a goal failed, 2 the drill could not run (bad option,
 no gateway, the CLI refused a change), 130 interrupted.
 """
@@ -28,7 +33,9 @@ import sys
 import httpx
 
 from ops import _drill_burst, _drill_headers, _drill_kill, _drill_overload, _drill_slow
+from ops._drill_args import niceness
 from ops._drill_client import DrillError, Target
+from ops._drill_load import Niceness, apply_niceness, operator_thread, start_operator_thread
 from ops._drill_report import Report, format_report, summary_table
 
 PROG = "python -m ops.drill"
@@ -49,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--cli", metavar="CMD", default=argparse.SUPPRESS,
                        help="the rollout CLI to run, e.g. 'rollout --app NAME' (default: the "
                        "`rollout` beside this Python)")
+    group.add_argument("--nice", metavar="N", type=niceness, default=argparse.SUPPRESS,
+                       help="niceness of the load generator: a number, `auto` (default: the "
+                       "Serve replica processes' niceness, so the load does not preempt the "
+                       "server it measures) or `none` (leave it as it is)")
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=_FMT,
                                      parents=[common])
     commands = parser.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
@@ -66,6 +77,7 @@ def _globals(args: argparse.Namespace) -> argparse.Namespace:
     args.url = getattr(args, "url", DEFAULT_URL)
     args.json = getattr(args, "json", False)
     args.cli = getattr(args, "cli", None)
+    args.nice = getattr(args, "nice", "auto")
     return args
 
 
@@ -78,20 +90,38 @@ def _preflight(target: Target) -> None:
                          "start one with ops/run.sh or pass --url") from None
 
 
-def run_one(name: str, target: Target, args: argparse.Namespace) -> Report:
-    """One scenario; a DrillError becomes the report's error."""
+async def _scenario(name: str, target: Target, args: argparse.Namespace) -> Report:
+    operator = operator_thread()
+    if operator is not None:  # a scenario's to_thread work runs at the operator's niceness
+        asyncio.get_running_loop().set_default_executor(operator)
+    return await SCENARIOS[name].run(target, args)
+
+
+def run_one(name: str, target: Target, args: argparse.Namespace,
+            nice: Niceness | None = None) -> Report:
+    """One scenario; a DrillError becomes the report's error. The niceness the load ran at,
+    when given, is the report's first figure."""
     try:
-        return asyncio.run(SCENARIOS[name].run(target, args))
+        report = asyncio.run(_scenario(name, target, args))
     except DrillError as exc:
-        return Report(name, error=str(exc))
+        report = Report(name, error=str(exc))
+    if nice is not None:
+        report.figures = {"client niceness": nice.figure(), **report.figures}
+        timed = name == "kill" or (name == "burst" and getattr(args, "kill_during", False))
+        if timed and nice.used != nice.was and operator_thread() is not None:
+            report.notes.append(f"the `rollout` commands timed here ran at niceness {nice.was}, "
+                                "as from the operator's shell")
+    return report
 
 
-def _run_all(parser: argparse.ArgumentParser, target: Target, args) -> list[Report]:
+def _run_all(parser: argparse.ArgumentParser, target: Target, args,
+             nice: Niceness) -> list[Report]:
     reports = []
     for name in SCENARIOS:
         scenario_args = parser.parse_args([name])
         scenario_args.url, scenario_args.json, scenario_args.cli = args.url, args.json, args.cli
-        reports.append(run_one(name, target, scenario_args))
+        scenario_args.nice = args.nice
+        reports.append(run_one(name, target, scenario_args, nice))
         if not args.json:
             print(format_report(reports[-1]), end="\n\n", flush=True)
     return reports
@@ -112,14 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     except DrillError as exc:
         print(f"drill: {exc}", file=sys.stderr)
         return 2
+    if args.nice != "none":
+        start_operator_thread()  # before the niceness changes: it keeps the one found
+    nice = apply_niceness(args.nice)
     try:
         if args.scenario == "all":
-            reports = _run_all(parser, target, args)
+            reports = _run_all(parser, target, args, nice)
             output = ({"scenarios": [r.to_dict() for r in reports],
                        "exit_code": _exit_code(reports)} if args.json
                       else summary_table(reports))
         else:
-            reports = [run_one(args.scenario, target, args)]
+            reports = [run_one(args.scenario, target, args, nice)]
             output = reports[0].to_dict() if args.json else format_report(reports[0])
     except KeyboardInterrupt:
         print("drill: interrupted", file=sys.stderr)

@@ -3,15 +3,20 @@ slow-upload client against a tiny loopback server. No gateway, no Ray, no Redis.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
+import re
+import subprocess
 import sys
+import time
 import types
 
 import pytest
 
 from ops import _drill_control, drill
-from ops._drill_args import client_counts, factors, percent, seconds
+from ops._drill_args import client_counts, factors, niceness, percent, seconds
 from ops._drill_client import (
     DrillError,
     SlowResult,
@@ -24,14 +29,23 @@ from ops._drill_client import (
 )
 from ops._drill_headers import cases
 from ops._drill_load import (
+    BadResponse,
+    LoopLag,
+    Niceness,
+    Sender,
     Shot,
+    apply_niceness,
     batch_bodies,
     bucket,
     closed_loop,
     make_texts,
     open_loop,
+    parse_head,
     pick_capacity,
     recovery_time,
+    serve_niceness,
+    small_probe,
+    stat_niceness,
     summarize,
 )
 from ops._drill_memory import growth_pct, watch_rss
@@ -163,14 +177,22 @@ def test_all_runs_every_scenario_with_its_defaults_and_prints_a_table(monkeypatc
 
     monkeypatch.setattr(drill, "SCENARIOS", {"one": fake("one", True), "two": fake("two", False)})
     monkeypatch.setattr(drill, "_preflight", lambda target: None)
+    asked = []  # the test process's niceness is left alone
+    monkeypatch.setattr(drill, "apply_niceness",
+                        lambda nice: asked.append(nice) or Niceness(15, 0, "auto, because"))
+    monkeypatch.setattr(drill, "start_operator_thread", lambda: None)
     assert drill.main(["--url", "http://127.0.0.1:9", "all"]) == 1
     out = capsys.readouterr().out
     assert seen == [("one", "http://127.0.0.1:9", 7), ("two", "http://127.0.0.1:9", 7)]
     assert "== one ==" in out and out.rstrip().splitlines()[-1].split() == ["two", "0", "1", "0",
                                                                             "FAIL"]
-    assert drill.main(["all", "--json"]) == 1
+    assert out.splitlines()[1].split()[:4] == ["client", "niceness", "used=15,", "was=0,"]
+    assert drill.main(["all", "--json", "--nice", "none"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert [s["scenario"] for s in data["scenarios"]] == ["one", "two"] and data["exit_code"] == 1
+    assert data["scenarios"][0]["figures"]["client niceness"] == {
+        "used": 15, "was": 0, "why": "auto, because"}
+    assert asked == ["auto", "none"]
 
 
 # --- raw HTTP ------------------------------------------------------------------------------------
@@ -339,6 +361,329 @@ def test_slow_upload_to_a_closed_port_is_refused():
         return await slow_upload("127.0.0.1", port, give_up_s=1)
 
     assert _run(scenario()).outcome == "refused"
+
+
+# --- the load's raw HTTP/1.1 client against a tiny loopback server --------------------------------
+
+OK_JSON = b'{"outputs": [1]}'
+
+
+def _ok(extra: bytes = b"", body: bytes = OK_JSON) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+async def _http_server(answer):
+    """A loopback HTTP/1.1 server: each request on a connection (head and Content-Length body)
+    gets `await answer(conn, n, head, body)` -> (bytes to write, close after?)."""
+    seen = {"connections": 0, "requests": []}
+
+    async def handle(reader, writer):
+        conn = seen["connections"]
+        seen["connections"] += 1
+        try:
+            for n in range(1_000):
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+                body = await reader.readexactly(length)
+                seen["requests"].append((conn, head, body))
+                reply, close = await answer(conn, n, head, body)
+                writer.write(reply)
+                await writer.drain()
+                if close:
+                    return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
+
+
+async def _always_ok(conn, n, head, body):
+    return _ok(), False
+
+
+def _send(answer, calls, **sender_options):
+    """Start the server and run `calls(sender)`: its result, the sender's stats, what the
+    server saw."""
+    async def scenario():
+        server, url, seen = await _http_server(answer)
+        async with server:
+            sender = Sender(url, **sender_options)
+            try:
+                result = await calls(sender)
+            finally:
+                await sender.aclose()
+        return result, sender.stats, seen
+    return _run(scenario())
+
+
+def test_raw_client_keeps_one_connection_alive_and_sends_the_request_as_built():
+    async def calls(sender):
+        return [await sender(b'{"inputs": ["a"]}', f"key-{i}", texts=3) for i in range(5)]
+
+    shots, stats, seen = _send(_always_ok, calls)
+    assert [s.status for s in shots] == [200] * 5 and {s.texts for s in shots} == {3}
+    assert seen["connections"] == 1 and stats.opened == 1 and stats.dropped == 0
+    assert (stats.sends, stats.waited) == (5, 0)
+    _, head, body = seen["requests"][4]
+    port = head.split(b"Host: 127.0.0.1:")[1].split(b"\r\n")[0].decode()
+    assert port.isdigit()
+    assert head == (b"POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1:" + port.encode()
+                    + b"\r\nContent-Type: application/json\r\nContent-Length: 17\r\n"
+                    b"X-Routing-Key: key-4\r\n\r\n")
+    assert body == b'{"inputs": ["a"]}'
+    assert all(0 < s.latency_s < 1 for s in shots)
+
+
+def test_raw_client_reads_content_length_chunked_empty_and_interim_answers():
+    answers = [
+        _ok(body=b"x" * 70_000),  # over the stream's line limit, read as a body
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n1;ext=1\r\n!\r\n0\r\nX-Trailer: t\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n" + _ok(),
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\nRetry-After: 1\r\n\r\nno",
+        _ok(),
+    ]
+
+    async def answer(conn, n, head, body):
+        return answers[n], False
+
+    async def calls(sender):
+        return [(await sender(b"{}", "k")).status for _ in answers]
+
+    statuses, stats, seen = _send(answer, calls)
+    assert statuses == [200, 200, 204, 200, 503, 200]
+    assert seen["connections"] == 1 and stats.dropped == 0  # each body framed exactly
+
+
+def test_raw_client_drops_a_connection_the_server_closes():
+    async def answer(conn, n, head, body):
+        if n == 0 and conn == 0:
+            return _ok(b"Connection: close\r\n"), True
+        if conn == 1:  # HTTP/1.0 without keep-alive, body to the close
+            return b"HTTP/1.0 200 OK\r\n\r\nto the end", True
+        return _ok(), False
+
+    async def calls(sender):
+        return [(await sender(b"{}", "k")).status for _ in range(3)]
+
+    statuses, stats, seen = _send(answer, calls)
+    assert statuses == [200, 200, 200]
+    assert seen["connections"] == 3 and stats.opened == 3 and stats.dropped == 2
+
+
+def test_raw_client_times_out_to_no_answer_and_opens_anew():
+    async def answer(conn, n, head, body):
+        if conn == 0:
+            await asyncio.sleep(5)
+        return _ok(), False
+
+    async def calls(sender):
+        return await sender(b"{}", "slow"), await sender(b"{}", "next")
+
+    (late, after), stats, seen = _send(answer, calls, timeout_s=0.2)
+    assert late.status is None and 0.15 < late.latency_s < 1.0
+    assert after.status == 200 and seen["connections"] == 2 and stats.dropped == 1
+
+
+def test_raw_client_counts_an_answer_cut_short_as_none():
+    cut = [_ok(body=b'{"outputs": [1, 2, 3]}')[:-5], b"HTTP/1.1 200 OK\r\nContent-Le",
+           b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+           b"SSH-2.0-OpenSSH\r\n\r\n", b""]
+
+    async def answer(conn, n, head, body):
+        return cut[conn], True
+
+    async def calls(sender):
+        return [await sender(b"{}", "k") for _ in cut]
+
+    shots, stats, seen = _send(answer, calls)
+    assert [s.status for s in shots] == [None] * 5
+    assert seen["connections"] == 5 and stats.dropped == 5 and stats.resent == 0
+
+
+def test_raw_client_resends_once_when_a_kept_alive_connection_closes_unanswered():
+    async def answer(conn, n, head, body):
+        if conn == 0 and n == 1:
+            return b"", True  # the server dropped the idle connection as the request came
+        return _ok(), False
+
+    async def calls(sender):
+        return [(await sender(b"{}", f"k{i}")).status for i in range(3)]
+
+    statuses, stats, seen = _send(answer, calls)
+    assert statuses == [200, 200, 200] and stats.resent == 1 and seen["connections"] == 2
+    assert [h.split(b"X-Routing-Key: ")[1][:2] for _, h, _ in seen["requests"]] == [
+        b"k0", b"k1", b"k1", b"k2"]
+
+
+def test_raw_client_waits_for_a_free_connection_outside_the_latency():
+    async def answer(conn, n, head, body):
+        await asyncio.sleep(0.2)
+        return _ok(), False
+
+    async def calls(sender):
+        began = time.perf_counter()
+        shots = await asyncio.gather(*(sender(b"{}", f"k{i}") for i in range(6)))
+        return shots, time.perf_counter() - began
+
+    (shots, took), stats, seen = _send(answer, calls, connections=2)
+    assert [s.status for s in shots] == [200] * 6 and took >= 0.59  # three rounds of two
+    assert seen["connections"] == 2 and stats.opened == 2
+    assert stats.waited == 4 and 0.35 < stats.wait_max_s < 2.0
+    assert max(s.latency_s for s in shots) < 0.39  # the 0.2 s exchange, not the queue
+    assert "4 waited for a free connection" in stats.text()
+
+
+def test_raw_client_frees_the_connection_of_a_cancelled_request():
+    async def answer(conn, n, head, body):
+        await asyncio.sleep(0.3 if conn == 0 else 0)
+        return _ok(), False
+
+    async def calls(sender):
+        probe = small_probe(sender)
+        return await probe(0.05), await probe(0.5)
+
+    (first, second), stats, seen = _send(answer, calls, connections=1)
+    assert (first, second) == (False, True) and seen["connections"] == 2
+
+
+def test_raw_client_to_a_closed_port_gets_no_answer():
+    async def scenario():
+        server, url, _ = await _http_server(_always_ok)
+        server.close()
+        await server.wait_closed()
+        sender = Sender(url, timeout_s=2)
+        return await sender(b"{}", "k"), await sender(b"{}", "k"), sender._open
+
+    first, second, still_open = _run(scenario())
+    assert first.status is None and second.status is None and still_open == 0
+
+
+def test_raw_client_refuses_a_line_break_in_the_routing_key():
+    with pytest.raises(ValueError, match="line break"):
+        Sender("http://127.0.0.1:9").request(b"{}", "a\r\nX-Evil: 1")
+
+
+def test_response_heads():
+    assert parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n") == (200, 12, False,
+                                                                                False)
+    assert parse_head(b"HTTP/1.1 503\r\nconnection: Close\r\n\r\n") == (503, None, False, True)
+    assert parse_head(b"HTTP/1.0 200 OK\r\n\r\n")[3] is True
+    assert parse_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n")[3] is False
+    assert parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")[2]
+    for bad in (b"HTTP/2 200 OK\r\n\r\n", b"HTTP/1.1 20x OK\r\n\r\n", b"HTTP/1.1 2000\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"):
+        with pytest.raises(BadResponse):
+            parse_head(bad)
+
+
+def test_loop_lag_measures_a_blocked_loop():
+    async def scenario():
+        async with LoopLag(every_s=0.01) as lag:
+            await asyncio.sleep(0.03)
+            time.sleep(0.1)  # the client's own work, holding the loop
+            await asyncio.sleep(0.03)
+        return lag
+
+    lag = _run(scenario())
+    assert lag.max_ms >= 80 and "max" in lag.text()
+    assert LoopLag().text() == "-"
+
+
+# --- the load generator's niceness ---------------------------------------------------------------
+
+STAT = ("4242 (ray::ServeRepli) S 12770 12990 12481 0 -1 4194560 3812782 0 13 0 8281 1128 0 0 35 "
+        "15 40 0 1205326 10103980032 218853 18446744073709551615 1 2 3")
+
+
+def test_niceness_is_field_19_of_a_stat_line_whatever_the_command_name():
+    assert stat_niceness(STAT) == 15
+    odd = STAT.replace("(ray::ServeRepli)", "(a) b (c) d)")
+    assert stat_niceness(odd) == 15
+    assert stat_niceness(STAT.replace(" 35 15 40 ", " 20 0 40 ")) == 0
+    assert stat_niceness(STAT.replace(" 35 15 40 ", " 39 -19 40 ")) == -19
+
+
+def _proc(root, pid, title: bytes, nice: int | None):
+    entry = root / str(pid)
+    entry.mkdir()
+    (entry / "cmdline").write_bytes(title + b"\0")
+    if nice is not None:
+        (entry / "stat").write_text(STAT.replace(" 35 15 40 ", f" 20 {nice} 40 "))
+
+
+def test_serve_niceness_reads_the_replica_processes_of_a_proc_root(tmp_path):
+    assert serve_niceness(tmp_path) is None
+    _proc(tmp_path, 100, b"ray::ServeReplica:default:baseline", 15)
+    _proc(tmp_path, 101, b"ray::ServeReplica:default:gateway", 10)
+    _proc(tmp_path, 102, b"/usr/bin/python", 0)
+    _proc(tmp_path, 103, b"ray::ProxyActor", 19)
+    _proc(tmp_path, 104, b"ray::ServeReplica:default:optimized", None)  # gone meanwhile
+    (tmp_path / "self").mkdir()
+    assert serve_niceness(tmp_path) == 15  # the highest of the replicas
+    assert serve_niceness(tmp_path / "missing") is None
+
+
+class FakeNice:
+    def __init__(self, now=0, privileged=False):
+        self.now, self.privileged = now, privileged
+
+    def __call__(self, increment):
+        if increment < 0 and not self.privileged:
+            raise PermissionError(1, "Operation not permitted")
+        self.now = min(19, self.now + increment)
+        return self.now
+
+
+def test_apply_niceness_reaches_the_replicas_or_what_was_asked():
+    nice = FakeNice()
+    got = apply_niceness("auto", find=lambda: 15, nice=nice)
+    assert (got.used, got.was, nice.now) == (15, 0, 15)
+    assert "does not preempt the server it measures" in got.why
+    assert apply_niceness("none", find=lambda: 5, nice=FakeNice(3)) == Niceness(
+        3, 3, "--nice none: left as it was")
+    missing = apply_niceness("auto", find=lambda: None, nice=FakeNice())
+    assert missing.used == 0 and "no Serve replica" in missing.why
+    lower = apply_niceness(5, find=lambda: 15, nice=FakeNice(10))
+    assert lower.used == 10 and "needs privilege" in lower.why
+    assert apply_niceness(5, nice=FakeNice(10, privileged=True)).used == 5
+    assert niceness("auto") == "auto" and niceness("none") == "none" and niceness("-3") == -3
+    for bad in ("20", "-21", "high"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            niceness(bad)
+    parser = drill.build_parser()
+    assert drill._globals(parser.parse_args(["overload", "--nice", "7"])).nice == 7
+    assert drill._globals(parser.parse_args(["kill"])).nice == "auto"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_the_operator_thread_keeps_the_niceness_the_drill_started_with():
+    code = """if True:
+        import os, subprocess, sys, threading
+        from ops import _drill_load as load
+        operator = load.start_operator_thread()
+        start = os.nice(0)
+        os.nice(3)
+        child = [sys.executable, "-c", "import os; print(os.nice(0))"]
+        spawned = load.as_operator(lambda: subprocess.run(child, capture_output=True, text=True))
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(os.nice(0)))
+        load.as_operator(thread.start)  # created by the operator's thread
+        thread.join()
+        print(start, os.nice(0), operator.submit(os.nice, 0).result(), int(spawned.stdout), seen[0])
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=os.getcwd())
+    assert done.returncode == 0, done.stderr
+    start, main, operator, child, thread = map(int, done.stdout.split())
+    assert main == min(19, start + 3) and operator == child == thread == start
 
 
 # --- load shapes ---------------------------------------------------------------------------------
