@@ -69,6 +69,12 @@ class AdaptiveLimit:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def saturated(self) -> bool:
+        """Every slot taken and as many requests already waiting: a request arriving now will
+        not get a slot within `target_s` (shed it before spending anything on it)."""
+        limit = int(self.limit)
+        return self.in_flight >= limit and len(self._waiting) >= limit
+
     def snapshot(self) -> dict:
         """What `GET /v1/rollout` shows of this replica's admission."""
         return {"limit": int(self.limit), "in_flight": self.in_flight, "waiting": self.waiting,

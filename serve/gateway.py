@@ -161,7 +161,6 @@ class Gateway(DashboardRoutes):
         ramp_controller: DeploymentHandle | None = None,
     ):
         self.settings = settings
-        ingress.configure(settings)  # the body deadline and limits of serve.ingress
         self.ramp_controller = ramp_controller  # bound here so the application includes it
         self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
@@ -180,6 +179,8 @@ class Gateway(DashboardRoutes):
             target_s=settings.gateway_queue_target_ms / 1000,
             enabled=settings.gateway_adaptive_admission,
         )
+        # serve.ingress: the body deadline and limits, and shedding before Serve's handling
+        ingress.configure(settings, self.admission, self.observer.shed)
         self.shadow = Shadow(settings, self._remote, self.telemetry)
         self.coalescers = {  # concurrent requests per arm go as one model call (serve.coalesce)
             arm: Coalescer(functools.partial(self._send, arm),

@@ -11,6 +11,10 @@ request handling, in the gateway replica's HTTP server (direct ingress) and in S
   `body_timeout_s` after the headers, a client that went away mid-body, a full pool and a body
   over the size limit are handed on as what they are (`BODY_PROBLEM` in the ASGI scope), so the
   gateway answers them (408, 499, 503, 413) and records them like any other request.
+- **Shedding at the door.** When the gateway's admission (serve.admission) is saturated, a
+  prediction request is answered 503 + Retry-After here, once its body is in, without Serve's
+  request handling, the web framework or per-request telemetry: under a flood of requests the
+  CPU goes to the admitted ones. It is counted in the gateway's metrics.
 - **Request ids.** Serve echoes the incoming `X-Request-ID` as it came. A malformed one
   (over 128 characters, spaces, control or markup characters) is replaced here by a fresh id
   before Serve sees it, so every layer echoes the one validated id and nothing raw.
@@ -23,12 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from starlette.middleware import Middleware
 
 from rollout.settings import Settings
+from serve.errors import Overloaded, error_response
 from serve.schemas import max_body_bytes, request_id_from
 
 Scope = MutableMapping[str, Any]
@@ -60,14 +68,27 @@ def sanitize_request_id(scope: Scope) -> None:
     scope["headers"].append((b"x-request-id", valid.encode("latin-1")))
 
 
-_configured: Settings | None = None
+class Admission(Protocol):
+    def saturated(self) -> bool: ...
 
 
-def configure(settings: Settings) -> None:
-    """The settings the gateway runs with, for the middleware in its process (the gateway calls
-    this at start; elsewhere, e.g. in Serve's proxy, the environment's settings apply)."""
-    global _configured
-    _configured = settings
+@dataclass
+class _Gateway:
+    settings: Settings | None = None
+    admission: Admission | None = None
+    on_shed: Callable[[float], None] | None = None  # latency in ms of a request shed here
+
+
+_gateway = _Gateway()
+SHED_PATH = "/v1/predict"
+
+
+def configure(settings: Settings, admission: Admission | None = None,
+              on_shed: Callable[[float], None] | None = None) -> None:
+    """The settings the gateway runs with and its admission, for the middleware in its process
+    (the gateway calls this at start; elsewhere, e.g. in Serve's proxy, the environment's
+    settings apply and nothing is shed here)."""
+    _gateway.settings, _gateway.admission, _gateway.on_shed = settings, admission, on_shed
 
 
 @functools.cache
@@ -86,7 +107,7 @@ class BodyGate:
 
     @property
     def settings(self) -> Settings:
-        return self._settings or _configured or _from_environment()
+        return self._settings or _gateway.settings or _from_environment()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,6 +117,7 @@ class BodyGate:
         if scope.get("method") not in _WITH_BODY:
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         settings = self.settings
         if self.uploading >= settings.gateway_max_uploading:
             body, problem = b"", BUSY
@@ -107,10 +129,25 @@ class BodyGate:
             finally:
                 self.uploading -= 1
         if problem is None:
+            admission = _gateway.admission
+            if (admission is not None and scope.get("path") == SHED_PATH
+                    and admission.saturated()):
+                await self._shed(scope, receive, send, started)
+                return
             scope[BODY] = body
         else:
             scope[BODY_PROBLEM] = problem
         await self.app(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _shed(scope: Scope, receive: Receive, send: Send, started: float) -> None:
+        sent = [v for n, v in scope.get("headers") or [] if n == b"x-request-id"]
+        request_id = sent[0].decode("latin-1") if sent else uuid.uuid4().hex
+        response = error_response(503, Overloaded.type, "the gateway is at capacity; retry later",
+                                  request_id, retry_after=Overloaded.retry_after)
+        await response(scope, receive, send)
+        if _gateway.on_shed is not None:
+            _gateway.on_shed((time.perf_counter() - started) * 1000)
 
     @staticmethod
     async def _receive(receive: Receive, timeout_s: float, max_bytes: int

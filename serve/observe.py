@@ -89,6 +89,14 @@ class Observer:
             return NULL_OBSERVATION
         return Observation(self, request_id, headers)
 
+    @_never_raises
+    def shed(self, latency_ms: float) -> None:
+        """A request shed at the ingress (serve.ingress) under overload: counted in the metrics
+        (503, `overloaded`) and nothing else. A span, a window record and a log line per shed
+        request would cost the CPU that the admitted requests need."""
+        if self.telemetry.enabled:
+            self.metrics.record(RequestRecord(None, 503, latency_ms), Overloaded.type, None)
+
 
 class _Call:
     """One model call: its span, in-flight gauge and outcome (a context manager)."""

@@ -143,3 +143,19 @@ def test_a_waiter_whose_client_goes_away_leaves_no_slot_taken():
         assert admission.in_flight == 0
 
     asyncio.run(scenario())
+
+
+def test_saturated_when_every_slot_is_taken_and_as_many_wait():
+    async def scenario():
+        admission = limit(floor=1, ceiling=8, target_s=5)  # limit 4
+        fill(admission)
+        assert not admission.saturated()
+        waiters = [asyncio.create_task(admission.enter()) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        assert admission.saturated()
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        assert not admission.saturated()
+
+    asyncio.run(scenario())

@@ -160,3 +160,41 @@ def test_a_well_formed_request_id_is_kept_and_duplicates_are_reduced_to_it():
 def test_the_proxy_callback_gives_the_gate():
     (middleware,) = middlewares()
     assert middleware.cls is BodyGate
+
+
+class Saturated:
+    def __init__(self, saturated: bool):
+        self.value = saturated
+
+    def saturated(self) -> bool:
+        return self.value
+
+
+def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeypatch):
+    from serve import ingress
+
+    shed: list[float] = []
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    ingress.configure(settings(), Saturated(True), shed.append)
+    app, sent = App(), []
+
+    async def send(message):
+        sent.append(message)
+
+    s = scope(headers=[(b"x-request-id", b"req-1")])
+    asyncio.run(BodyGate(app)(s, client(b'{"inputs": ["a"]}'), send))
+    assert app.calls == []  # neither Serve nor the gateway saw it
+    start = sent[0]
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    assert start["status"] == 503 and headers["retry-after"] == "1"
+    assert headers["x-request-id"] == "req-1"
+    assert b'"type":"overloaded"' in sent[1]["body"]
+    assert len(shed) == 1 and shed[0] >= 0
+
+    other = scope()  # not saturated, or another path: handed on
+    ingress.configure(settings(), Saturated(False), shed.append)
+    asyncio.run(BodyGate(app)(other, client(b"{}"), send))
+    dashboard = {**scope(), "path": "/v1/dashboard/kill"}
+    ingress.configure(settings(), Saturated(True), shed.append)
+    asyncio.run(BodyGate(app)(dashboard, client(b"{}"), send))
+    assert len(app.calls) == 2 and len(shed) == 1
