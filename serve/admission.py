@@ -17,10 +17,14 @@ once:
 - Too long: `limit *= backoff`, at most once per window (only requests admitted since the
   last decrease can decrease it again: a batch that ends late for all its requests is one
   signal, not sixteen).
+- A deadline missed or a full model queue is worse than a long wait: the limit drops at once
+  to `backoff` times the requests in flight, whatever the window (with long inputs, a window
+  lasts as long as a request, and a burst would otherwise be admitted for many seconds at a
+  limit it cannot meet).
 - Otherwise, while the limit binds (at least half of it in use at admission):
   `limit += 1 / limit` per request, about one more per round trip.
-- `floor <= limit <= ceiling`: the floor keeps every model replica busy, the ceiling is
-  `gateway_max_in_flight`, the memory cap. Disabled, the limit is the ceiling.
+- `floor <= limit <= ceiling`: it starts at the floor, which keeps every model replica busy;
+  the ceiling is `gateway_max_in_flight`, the memory cap. Disabled, the limit is the ceiling.
 
 Callers measure the times they report (no clock here); waiting is asyncio's.
 """
@@ -40,6 +44,7 @@ class Slot:
     window: int
     binding: bool  # the limit was at least half in use when it was admitted
     congested: bool | None = None  # None: nothing learned (an input error, a failed model)
+    missed: bool = False  # a deadline missed or a full model queue
 
     def answered(self, total_s: float, model_s: float, target_s: float) -> None:
         queued_s = total_s - model_s
@@ -47,7 +52,7 @@ class Slot:
 
     def overloaded(self) -> None:
         """The model call timed out or was refused for a full queue."""
-        self.congested = True
+        self.congested = self.missed = True
 
 
 class AdaptiveLimit:
@@ -59,7 +64,7 @@ class AdaptiveLimit:
             raise ValueError("backoff must be within (0, 1)")
         self.floor, self.ceiling, self.target_s = floor, ceiling, target_s
         self.enabled, self.backoff = enabled, backoff
-        self.limit = float(min(ceiling, 4 * floor) if enabled else ceiling)
+        self.limit = float(floor if enabled else ceiling)
         self.in_flight = 0
         self.window = 0  # decreases so far
         self.shed = 0  # requests refused so far
@@ -116,7 +121,12 @@ class AdaptiveLimit:
     def leave(self, slot: Slot) -> None:
         self.in_flight -= 1
         if self.enabled and slot.congested is not None:
-            if slot.congested:
+            if slot.missed:
+                cut = max(float(self.floor), (self.in_flight + 1) * self.backoff)
+                if cut < self.limit:
+                    self.limit = cut
+                    self.window += 1
+            elif slot.congested:
                 if slot.window == self.window:
                     self.limit = max(float(self.floor), self.limit * self.backoff)
                     self.window += 1

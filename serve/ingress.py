@@ -12,9 +12,11 @@ request handling, in the gateway replica's HTTP server (direct ingress) and in S
   over the size limit are handed on as what they are (`BODY_PROBLEM` in the ASGI scope), so the
   gateway answers them (408, 499, 503, 413) and records them like any other request.
 - **Shedding at the door.** When the gateway's admission (serve.admission) is saturated, a
-  prediction request is answered 503 + Retry-After here, once its body is in, without Serve's
-  request handling, the web framework or per-request telemetry: under a flood of requests the
-  CPU goes to the admitted ones. It is counted in the gateway's metrics.
+  prediction request is answered 503 + Retry-After here, without Serve's request handling, the
+  web framework or per-request telemetry: under a flood of requests the CPU goes to the
+  admitted ones. Saturated on arrival, its body is not even read (the answer closes the
+  connection); saturated once the body is in, the connection is kept. It is counted in the
+  gateway's metrics.
 - **Request ids.** Serve echoes the incoming `X-Request-ID` as it came. A malformed one
   (over 128 characters, spaces, control or markup characters) is replaced here by a fresh id
   before Serve sees it, so every layer echoes the one validated id and nothing raw.
@@ -118,6 +120,9 @@ class BodyGate:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        if self._saturated(scope):  # shed before reading a body nobody will use
+            await self._shed(scope, receive, send, started, close=True)
+            return
         settings = self.settings
         if self.uploading >= settings.gateway_max_uploading:
             body, problem = b"", BUSY
@@ -129,10 +134,8 @@ class BodyGate:
             finally:
                 self.uploading -= 1
         if problem is None:
-            admission = _gateway.admission
-            if (admission is not None and scope.get("path") == SHED_PATH
-                    and admission.saturated()):
-                await self._shed(scope, receive, send, started)
+            if self._saturated(scope):
+                await self._shed(scope, receive, send, started, close=False)
                 return
             scope[BODY] = body
         else:
@@ -140,11 +143,20 @@ class BodyGate:
         await self.app(scope, _replay(body, receive), send)
 
     @staticmethod
-    async def _shed(scope: Scope, receive: Receive, send: Send, started: float) -> None:
+    def _saturated(scope: Scope) -> bool:
+        admission = _gateway.admission
+        return (admission is not None and scope.get("path") == SHED_PATH
+                and admission.saturated())
+
+    @staticmethod
+    async def _shed(scope: Scope, receive: Receive, send: Send, started: float, *,
+                    close: bool) -> None:
         sent = [v for n, v in scope.get("headers") or [] if n == b"x-request-id"]
         request_id = sent[0].decode("latin-1") if sent else uuid.uuid4().hex
         response = error_response(503, Overloaded.type, "the gateway is at capacity; retry later",
                                   request_id, retry_after=Overloaded.retry_after)
+        if close:  # its body was not read: the connection cannot carry another request
+            response.headers["Connection"] = "close"
         await response(scope, receive, send)
         if _gateway.on_shed is not None:
             _gateway.on_shed((time.perf_counter() - started) * 1000)

@@ -9,8 +9,16 @@ import pytest
 from serve.admission import AdaptiveLimit
 
 
-def limit(**kw):
-    return AdaptiveLimit(**{"floor": 4, "ceiling": 64, "target_s": 0.05, **kw})
+def limit(at: float | None = 16, **kw):
+    """A limit of 4..64, put at `at` (as if it had grown there)."""
+    admission = AdaptiveLimit(**{"floor": 4, "ceiling": 64, "target_s": 0.05, **kw})
+    if at is not None and admission.enabled:
+        admission.limit = float(at)
+    return admission
+
+
+def test_it_starts_at_the_floor():
+    assert limit(at=None).limit == 4
 
 
 def fill(admission):
@@ -23,7 +31,7 @@ def fill(admission):
 def test_no_slot_over_the_limit():
     admission = limit()
     slots = fill(admission)
-    assert len(slots) == 16 and admission.in_flight == 16  # starts at 4 x floor
+    assert len(slots) == 16 and admission.in_flight == 16
     assert admission.try_enter() is None
     admission.leave(slots.pop())
     assert admission.try_enter() is not None
@@ -38,9 +46,27 @@ def test_queueing_longer_than_target_and_a_forward_shrinks_the_limit_once_per_wi
     assert admission.limit == pytest.approx(16 * 0.9)
     for _ in range(200):  # sustained: down to the floor, never below
         slot = admission.try_enter()
-        slot.overloaded()
+        slot.answered(total_s=1.0, model_s=0.1, target_s=admission.target_s)
         admission.leave(slot)
     assert admission.limit == 4
+
+
+def test_a_missed_deadline_cuts_the_limit_to_what_is_in_flight_at_once():
+    admission = limit(at=40)
+    slots = fill(admission)
+    for slot in slots[10:]:  # 30 finish without telling anything
+        admission.leave(slot)
+    slots = slots[:10]
+    slots[0].overloaded()
+    admission.leave(slots[0])
+    assert admission.limit == pytest.approx(10 * 0.9)  # 10 were in flight, this one included
+    slots[1].overloaded()  # the same window: it still cuts, to what is in flight now
+    admission.leave(slots[1])
+    assert admission.limit == pytest.approx(9 * 0.9)
+    for slot in slots[2:]:
+        slot.overloaded()
+        admission.leave(slot)
+    assert admission.limit == 4  # never below the floor
 
 
 def test_waiting_behind_one_forward_is_batching_not_a_queue():
@@ -119,8 +145,8 @@ def test_over_the_limit_a_request_waits_for_a_slot_at_most_the_target_then_is_sh
 
 def test_with_the_ceiling_admitted_or_waiting_a_request_is_shed_at_once():
     async def scenario():
-        admission = limit(floor=2, ceiling=3, target_s=10)
-        fill(admission)  # 3 (4 x floor, capped by the ceiling)
+        admission = limit(at=3, floor=2, ceiling=3, target_s=10)
+        fill(admission)  # 3: the ceiling
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert await admission.enter() is None
@@ -147,7 +173,7 @@ def test_a_waiter_whose_client_goes_away_leaves_no_slot_taken():
 
 def test_saturated_when_every_slot_is_taken_and_as_many_wait():
     async def scenario():
-        admission = limit(floor=1, ceiling=8, target_s=5)  # limit 4
+        admission = limit(at=4, floor=1, ceiling=8, target_s=5)
         fill(admission)
         assert not admission.saturated()
         waiters = [asyncio.create_task(admission.enter()) for _ in range(4)]

@@ -182,12 +182,18 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
         sent.append(message)
 
     s = scope(headers=[(b"x-request-id", b"req-1")])
-    asyncio.run(BodyGate(app)(s, client(b'{"inputs": ["a"]}'), send))
-    assert app.calls == []  # neither Serve nor the gateway saw it
+    read = []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b'{"inputs": ["a"]}', "more_body": False}
+
+    asyncio.run(BodyGate(app)(s, receive, send))
+    assert app.calls == [] and read == []  # nobody saw it, its body was not read
     start = sent[0]
     headers = {k.decode(): v.decode() for k, v in start["headers"]}
     assert start["status"] == 503 and headers["retry-after"] == "1"
-    assert headers["x-request-id"] == "req-1"
+    assert headers["x-request-id"] == "req-1" and headers["connection"] == "close"
     assert b'"type":"overloaded"' in sent[1]["body"]
     assert len(shed) == 1 and shed[0] >= 0
 
@@ -198,3 +204,27 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
     ingress.configure(settings(), Saturated(True), shed.append)
     asyncio.run(BodyGate(app)(dashboard, client(b"{}"), send))
     assert len(app.calls) == 2 and len(shed) == 1
+
+
+def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connection(
+        monkeypatch):
+    from serve import ingress
+
+    class Becomes:
+        def __init__(self):
+            self.calls = 0
+
+        def saturated(self) -> bool:
+            self.calls += 1
+            return self.calls > 1  # free on arrival, saturated once the body is in
+
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    ingress.configure(settings(), Becomes(), lambda ms: None)
+    app, sent = App(), []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(BodyGate(app)(scope(), client(b"{}"), send))
+    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    assert app.calls == [] and sent[0]["status"] == 503 and "connection" not in headers
