@@ -63,6 +63,10 @@ def add_arguments(parser) -> None:
                         help="canary share in percent during the drill (default 50)")
     parser.add_argument("--capacity", type=positive_float,
                         help="skip the capacity ramp: use this many texts/s")
+    parser.add_argument("--retry-after", type=float, default=1.0, metavar="S",
+                        help="during the burst, a client answered 503 waits this long before "
+                        "its next request, as an HTTP client honouring the gateway's "
+                        "Retry-After (1 s) does; 0: it resends at once (a retry storm)")
     parser.add_argument("--kill-during", action="store_true",
                         help="time `rollout kill` during the burst")
     parser.add_argument("--kills", type=bounded_int(1, 20), default=5,
@@ -118,7 +122,8 @@ async def _burst(report, target, cli, sender, fire, probe, capacity, unloaded_p9
         kills = (as_operator(_KillTimer, cli, args.kills, args.duration) if args.kill_during
                  else None)
         try:
-            loop = closed_loop(fire, shots, concurrency=args.clients, duration_s=args.duration)
+            loop = closed_loop(_backing_off(fire, args.retry_after), shots,
+                               concurrency=args.clients, duration_s=args.duration)
             async with LoopLag() as lag:
                 figures, recovery, offered, rss = await _run_burst(loop, shots, probe,
                                                                    rss_before, args)
@@ -127,11 +132,26 @@ async def _burst(report, target, cli, sender, fire, probe, capacity, unloaded_p9
                 kills.finish()
     report.figures["burst"] = phase_figures(figures, recovery, "texts_per_s", "texts/s")
     report.figures["burst statuses"] = figures["statuses"]
+    report.figures["burst: wait after a 503 s"] = args.retry_after
     client_figures(report, "burst: ", sender, lag)
     report.goals += load_goals("", figures, capacity, unloaded_p99, recovery, per="texts_per_s")
     _memory(report, rss_before, rss)
     if kills:
         _kills(report, kills, offered.started + args.duration)
+
+
+def _backing_off(fire, retry_after_s: float):
+    """`fire`, then, after a 503, the client's wait before its next request (not timed)."""
+    if retry_after_s <= 0:
+        return fire
+
+    async def backing_off(n: int) -> Shot:
+        shot = await fire(n)
+        if shot.status == 503:
+            await asyncio.sleep(retry_after_s)
+        return shot
+
+    return backing_off
 
 
 async def _run_burst(loop, shots, probe, rss_before, args):
