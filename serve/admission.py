@@ -22,7 +22,8 @@ once:
   lasts as long as a request, and a burst would otherwise be admitted for many seconds at a
   limit it cannot meet).
 - Otherwise, while the limit binds (at least half of it in use at admission):
-  `limit += 1 / limit` per request, about one more per round trip.
+  `limit += 1 / limit` per request, about one more per round trip; until the first decrease,
+  `limit += 1` (TCP's slow start: a fresh gateway finds its level in a few round trips).
 - `floor <= limit <= ceiling`: it starts at the floor, which keeps every model replica busy;
   the ceiling is `gateway_max_in_flight`, the memory cap. Disabled, the limit is the ceiling.
 
@@ -131,7 +132,8 @@ class AdaptiveLimit:
                     self.limit = max(float(self.floor), self.limit * self.backoff)
                     self.window += 1
             elif slot.binding:
-                self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
+                step = 1.0 if self.window == 0 else 1 / self.limit  # slow start, then additive
+                self.limit = min(float(self.ceiling), self.limit + step)
         while self._waiting and self.in_flight < int(self.limit):
             future = self._waiting.popleft()
             if not future.done():

@@ -78,24 +78,39 @@ def test_waiting_behind_one_forward_is_batching_not_a_queue():
     assert slot.congested is True
 
 
+def _round(admission, total_s=0.02, model_s=0.015):
+    for slot in fill(admission):
+        slot.answered(total_s=total_s, model_s=model_s, target_s=admission.target_s)
+        admission.leave(slot)
+
+
 def test_the_limit_grows_while_it_binds_and_not_while_idle():
     admission = limit()
+    admission.window = 1  # past slow start
     for _ in range(100):  # one at a time: the limit never binds
         slot = admission.try_enter()
         slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
         admission.leave(slot)
     assert admission.limit == 16
     for _ in range(20):  # full and fast: about one more per round trip
-        slots = fill(admission)
-        for slot in slots:
-            slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
-            admission.leave(slot)
+        _round(admission)
     assert 20 < admission.limit < 64
     for _ in range(200):
-        for slot in fill(admission):
-            slot.answered(total_s=0.02, model_s=0.015, target_s=admission.target_s)
-            admission.leave(slot)
+        _round(admission)
     assert admission.limit == 64  # the ceiling: the memory cap
+
+
+def test_until_the_first_decrease_it_grows_by_one_per_binding_answer():
+    admission = limit(at=None)
+    _round(admission)  # 4 admitted, 3 of them with at least half the limit in use: +3
+    assert admission.limit == 7
+    for _ in range(3):
+        _round(admission)
+    assert admission.limit > 12
+    _round(admission, total_s=1.0, model_s=0.1)  # congested: one decrease, slow start ends
+    after = admission.limit
+    _round(admission)
+    assert after < admission.limit < after + 1
 
 
 def test_failures_that_say_nothing_about_load_leave_the_limit_alone():
