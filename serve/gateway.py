@@ -180,7 +180,7 @@ class Gateway(DashboardRoutes):
             enabled=settings.gateway_adaptive_admission,
         )
         # serve.ingress: the body deadline and limits, and shedding before Serve's handling
-        ingress.configure(settings, self.admission, self.observer.shed)
+        ingress.configure(settings, self.admission, self._shed_at_the_door)
         self.shadow = Shadow(settings, self._remote, self.telemetry)
         self.coalescers = {  # concurrent requests per arm go as one model call (serve.coalesce)
             arm: Coalescer(functools.partial(self._send, arm),
@@ -225,6 +225,11 @@ class Gateway(DashboardRoutes):
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.shutdown()
+
+    def _shed_at_the_door(self, latency_ms: float) -> None:
+        """A request serve.ingress shed (the admission saturated): counted, nothing else."""
+        self.admission.shed += 1
+        self.observer.shed(latency_ms)
 
     @property
     def in_flight(self) -> int:

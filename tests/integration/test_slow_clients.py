@@ -132,9 +132,30 @@ def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
     assert expired >= 1
 
 
-def test_the_gateway_shows_its_admission(gw):
+def test_adaptive_admission_sheds_at_once_what_it_cannot_serve_in_time(gw):
+    """Each baseline batch takes 300 ms: of 40 concurrent requests, those past the adaptive
+    limit are shed with 503 + Retry-After within about the queue target, the rest are
+    answered; the limit (shown by GET /v1/rollout) stays within its bounds."""
+    gw.redeploy({"baseline": {"fault_delay_ms": 300}}, gateway_adaptive_admission=True)
     admission = gw.served_state()["admission"]
-    assert admission["adaptive"] is True
+    assert admission["adaptive"] is True and admission["limit"] == gw.settings.gateway_min_in_flight
+
+    def timed(i):
+        started = time.monotonic()
+        response = gw.predict([f"flood {i}"])
+        return response, time.monotonic() - started
+
+    with ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(timed, range(40)))
+    statuses = [r.status_code for r, _ in results]
+    assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses
+    for response, elapsed in results:
+        if response.status_code == 503:
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["error"]["type"] == "overloaded"
+            assert elapsed < 2.0  # shed at once (queue target 50 ms), not after the backlog
+    admission = gw.served_state()["admission"]
+    assert admission["shed"] >= statuses.count(503)  # shed by this replica's admission
     assert (gw.settings.gateway_min_in_flight <= admission["limit"]
             <= gw.settings.gateway_max_in_flight)
-    assert admission["in_flight"] >= 0 and admission["waiting"] == 0
+    assert admission["in_flight"] == 0 and admission["waiting"] == 0
