@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -138,3 +140,24 @@ class AdaptiveLimit:
             future = self._waiting.popleft()
             if not future.done():
                 future.set_result(self._admit())
+
+
+class ShedSummary:
+    """Requests shed without a log line each (serve.ingress) still reach the log: at most one
+    line per `every_s`, with how many were shed since the last and the admission's state."""
+
+    def __init__(self, admission: AdaptiveLimit, log: Callable[[str], object], *,
+                 every_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.admission, self.log, self.every_s, self.clock = admission, log, every_s, clock
+        self.count = 0
+        self.since = clock()
+
+    def shed(self) -> None:
+        self.count += 1
+        now = self.clock()
+        if now - self.since >= self.every_s:
+            a = self.admission
+            self.log(f"shed {self.count} requests in the last {now - self.since:.0f} s "
+                     f"(admission limit {int(a.limit)}, {a.in_flight} in flight, "
+                     f"{a.waiting} waiting)")
+            self.count, self.since = 0, now

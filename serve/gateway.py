@@ -43,7 +43,7 @@ from rollout import (
 )
 from rollout.budget import RetryBudget
 from serve import ingress
-from serve.admission import AdaptiveLimit, Slot
+from serve.admission import AdaptiveLimit, ShedSummary, Slot
 from serve.batching import Expired, RowsDidNotFit
 from serve.coalesce import CallFailed, Coalescer
 from serve.dashboard import DashboardRoutes
@@ -179,6 +179,7 @@ class Gateway(DashboardRoutes):
             target_s=settings.gateway_queue_target_ms / 1000,
             enabled=settings.gateway_adaptive_admission,
         )
+        self.shed_summary = ShedSummary(self.admission, log.warning)
         # serve.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, self.admission, self._shed_at_the_door)
         self.shadow = Shadow(settings, self._remote, self.telemetry)
@@ -229,6 +230,7 @@ class Gateway(DashboardRoutes):
     def _shed_at_the_door(self, latency_ms: float) -> None:
         """A request serve.ingress shed (the admission saturated): counted, nothing else."""
         self.admission.shed += 1
+        self.shed_summary.shed()
         self.observer.shed(latency_ms)
 
     @property

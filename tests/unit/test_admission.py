@@ -200,3 +200,21 @@ def test_saturated_when_every_slot_is_taken_and_as_many_wait():
         assert not admission.saturated()
 
     asyncio.run(scenario())
+
+
+def test_sheds_reach_the_log_at_most_once_per_interval_with_their_count():
+    from serve.admission import ShedSummary
+
+    now = [100.0]
+    lines: list[str] = []
+    summary = ShedSummary(limit(), lines.append, every_s=10, clock=lambda: now[0])
+    for _ in range(500):  # a storm within one interval: no line yet
+        summary.shed()
+        now[0] += 0.001
+    assert lines == []
+    now[0] = 111.0
+    summary.shed()
+    assert lines == ["shed 501 requests in the last 11 s "
+                     "(admission limit 16, 0 in flight, 0 waiting)"]
+    summary.shed()
+    assert len(lines) == 1 and summary.count == 1
