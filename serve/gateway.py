@@ -28,7 +28,6 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from rollout import (
     Arm,
@@ -64,7 +63,7 @@ from serve.errors import (
     to_response,
 )
 from serve.idempotent import REPLAYED, Idempotency
-from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE
+from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE, receive_body
 from serve.observe import Observation, Observer
 from serve.preprocess import Preprocessor
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
@@ -361,24 +360,14 @@ class Gateway(DashboardRoutes):
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise InputTooLarge(f"request body of {declared} bytes is over the limit")
-        problem = request.scope.get(BODY_PROBLEM)
+        if BODY in request.scope or BODY_PROBLEM in request.scope:
+            body, problem = request.scope.get(BODY, b""), request.scope.get(BODY_PROBLEM)
+        else:
+            body, problem = await receive_body(request.receive, self.settings.body_timeout_s,
+                                               limit)
         if problem is not None:
             raise _body_error(problem, self.settings.body_timeout_s)
-        if BODY in request.scope:
-            return request.scope[BODY]
-        chunks, size = [], 0
-        try:
-            async with asyncio.timeout(self.settings.body_timeout_s):
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise InputTooLarge("request body is over the limit")
-                    chunks.append(chunk)
-        except TimeoutError:
-            raise _body_error(TIMEOUT, self.settings.body_timeout_s) from None
-        except ClientDisconnect:
-            raise _body_error(DISCONNECTED, self.settings.body_timeout_s) from None
-        return b"".join(chunks)
+        return body
 
     async def _call_with_fallback(
         self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float, rid: str

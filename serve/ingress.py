@@ -129,7 +129,7 @@ class BodyGate:
         else:
             self.uploading += 1
             try:
-                body, problem = await self._receive(
+                body, problem = await receive_body(
                     receive, settings.body_timeout_s, max_body_bytes(settings))
             finally:
                 self.uploading -= 1
@@ -161,26 +161,29 @@ class BodyGate:
         if _gateway.on_shed is not None:
             _gateway.on_shed((time.perf_counter() - started) * 1000)
 
-    @staticmethod
-    async def _receive(receive: Receive, timeout_s: float, max_bytes: int
+
+
+async def receive_body(receive: Receive, timeout_s: float, max_bytes: int
                        ) -> tuple[bytes, str | None]:
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return b"", DISCONNECTED
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > max_bytes:
-                        return b"", TOO_LARGE
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        return b"".join(chunks), None
-        except TimeoutError:
-            return b"", TIMEOUT
+    """A request's whole body from ASGI `receive`, or what went wrong: TIMEOUT (not all here
+    within `timeout_s`), DISCONNECTED or TOO_LARGE (over `max_bytes`; reading stops there)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return b"", DISCONNECTED
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > max_bytes:
+                    return b"", TOO_LARGE
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks), None
+    except TimeoutError:
+        return b"", TIMEOUT
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
