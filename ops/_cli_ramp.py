@@ -24,10 +24,10 @@ _ACTIONS = {
               "unless --force (recorded in the audit log).",
               "examples:\n  rollout ramp start ops/plans/example-ramp.yaml --reason \"ramp v2\"\n"
               "  rollout ramp start plan.yaml --force --reason \"verdict pending, low risk\""),
-    "status": ("show the ramp: step, time in step, every gate against its threshold",
+    "status": ("show the ramp: step, time in step, every gate and check against its threshold",
                "Show the current ramp: its status, step and share, time in step, the step's\n"
-               "soak requirements, and the controller's last evaluation with every gate's\n"
-               "value against its threshold.",
+               "soak requirements, its progress deadline, and the controller's last evaluation\n"
+               "with every gate's value against its threshold and every HTTP check's result.",
                "examples:\n  rollout ramp status\n  rollout ramp status --json | jq .ramp.status"),
     "pause": ("stop the climb; gates still roll back (audited)",
               "Hold the share where it is. The controller keeps judging the gates and still\n"
@@ -107,9 +107,10 @@ def _status(ctx, view: RampView) -> int:
     shares = " -> ".join(format_bp(bp) for bp in plan.shares_bp)
     rows = [
         ("ramp", ramp.status + (" (forced: no verdict needed)" if ramp.forced else "")
-         + (f": {one_line(ramp.reason)}" if ramp.status == "aborted" else "")),
+         + (f": {one_line(ramp.reason)}" if ramp.status == "aborted" or (
+             ramp.status == "paused" and ramp.reason.startswith("deadline:")) else "")),
         ("plan", f"{shares}; window {plan.window_s}s, {plan.failures_tolerated} failing "
-                 "evaluation(s) tolerated"),
+                 "evaluation(s) tolerated" + _deadline_text(plan)),
         ("started", f"{when(ramp.started_at)} by {one_line(ramp.started_by)}"),
         ("versions", f"optimized {one_line(ramp.optimized_version)}, baseline "
                      f"{one_line(ramp.baseline_version)}"),
@@ -144,7 +145,20 @@ def _status(ctx, view: RampView) -> int:
                   (f" ({g['note']})" if g.get("note") else "")) for g in last["gates"]]
         for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells):
             ctx.say("  " + line)
+    if last and last.get("checks"):
+        ctx.say("checks:")
+        cells = [(c["name"], _num(c["value"]), c["threshold"], c["status"] +
+                  (f" ({one_line(c['note'])})" if c.get("note") else "")) for c in last["checks"]]
+        for line in table(("CHECK", "VALUE", "EXPECTED", "STATUS"), cells):
+            ctx.say("  " + line)
     return 0
+
+
+def _deadline_text(plan) -> str:
+    if plan.progress_deadline_s is None:
+        return "; no progress deadline"
+    return (f"; a step held {age(plan.progress_deadline_s)} past its soak is "
+            f"{'aborted' if plan.on_deadline == 'abort' else 'paused'}")
 
 
 def _held_row(view: RampView) -> tuple[str, str]:

@@ -6,7 +6,7 @@ its stores with `settings.control_settings()` (`CANARY_CONTROL_REDIS_URL`: the `
 Redis user, which may change the rollout state; the gateway's user may not). Exactly one
 controller per application is active whatever the replica count: a Redis lease decides, and a
 replica that dies loses it after `ramp_lease_ttl_s`. Serve's health check restarts a replica
-whose loop has stopped.
+whose loop has stopped. The plans' HTTP checks are fetched by serve.checks.HttpChecker.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ray import serve
 
 from rollout import Settings, Windows, open_store, open_telemetry
 from rollout.ramp import CONTROLLER, RampController, WindowsMetrics, open_ramp_store
+from serve.checks import HttpChecker
 
 
 @serve.deployment(name="ramp-controller", num_replicas=1, max_ongoing_requests=8)
@@ -34,7 +35,7 @@ class RampControllerDeployment:
         self.controller = RampController(
             self.states, self.ramps, WindowsMetrics(windows), owner=owner,
             interval_s=settings.ramp_interval_s, lease_ttl_s=settings.ramp_lease_ttl_s,
-            audit_heartbeat_s=settings.ramp_audit_heartbeat_s,
+            audit_heartbeat_s=settings.ramp_audit_heartbeat_s, checker=HttpChecker(),
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),

@@ -46,7 +46,7 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 def outcome(decision: Decision) -> str:
     """What an evaluation concluded, without the numbers that move on every evaluation."""
     ramp = decision.ramp
-    gates = ",".join(f"{g.name}:{g.status}" for g in decision.gates)
+    gates = ",".join(f"{g.name}:{g.status}" for g in (*decision.gates, *decision.checks))
     words = _NUMBER.sub("#", decision.reason)
     return f"{ramp.started_at!r}|{decision.kind}|{ramp.status}|{ramp.step}|{gates}|{words}"
 

@@ -113,8 +113,9 @@ class RampControl:
                             or {"status": "paused"})
 
     def resume(self, *, actor: str, reason: str) -> Ramp:
+        """Let a paused ramp climb again; its progress deadline counts from now."""
         return self._change("ramp-resume", actor, reason, lambda r: _need(r, "paused", "resume")
-                            or {"status": "running"})
+                            or {"status": "running", "progress_since": self.clock.time()})
 
     def approve(self, *, actor: str, reason: str) -> Ramp:
         """Approve the next step that asks for an approval and has none yet."""

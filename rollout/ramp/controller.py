@@ -1,8 +1,10 @@
 """The ramp controller: one loop per application that evaluates the ramp and applies decisions.
 
 Every `interval_s` seconds: take or renew the lease (a controller without it stands by), load
-the ramp, and if it is active read the rollout state, the versions the gateways serve, their
-verify verdict and the metrics; evaluate (rollout.ramp.machine); apply the decision.
+the ramp, and if it is active run the current step's HTTP checks through the injected
+checker (concurrently, each within its timeout; the lease is renewed after them), read the
+rollout state, the versions the gateways serve, their verify verdict and the metrics; evaluate
+(rollout.ramp.machine); apply the decision.
 
 Applying: the share moves first, through `Rollout.set_canary` (audited, actor
 `ramp-controller`, the decision as the reason): an advance is a compare-and-set on the state
@@ -24,7 +26,8 @@ from rollout.clock import Clock, SystemClock
 from rollout.control import Rollout
 from rollout.errors import RevisionConflict, RolloutError
 from rollout.ramp.audit import Held, heartbeat_reason, outcome, summarise
-from rollout.ramp.machine import CONTROLLER, Decision, evaluate
+from rollout.ramp.checks import Checker, CheckResult, run_checks
+from rollout.ramp.machine import CONTROLLER, Decision, Ramp, evaluate
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.store import RampStore
 from rollout.store import StateStore
@@ -38,8 +41,9 @@ class RampController:
     def __init__(self, states: StateStore, ramps: RampStore, metrics: RampMetrics, *,
                  clock: Clock | None = None, owner: str | None = None,
                  interval_s: float = 5.0, lease_ttl_s: float = 15.0,
-                 audit_heartbeat_s: float = 300.0):
+                 audit_heartbeat_s: float = 300.0, checker: Checker | None = None):
         self.clock = clock or SystemClock()
+        self.checker = checker  # fetches the plans' HTTP checks (serve.checks.HttpChecker)
         self.states, self.ramps, self.metrics = states, ramps, metrics
         self.rollout = Rollout(states, self.clock)
         self.owner = owner or f"{CONTROLLER}-{uuid.uuid4().hex[:12]}"
@@ -55,11 +59,15 @@ class RampController:
         ramp = self.ramps.get()
         if ramp is None or not ramp.active:
             return None
+        checks = self._checks(ramp)
+        if checks is None:
+            return None  # the lease or the ramp changed while the checks ran: next tick
         state = self.states.get()
         live = self.rollout.live_versions()
         verdict = self.states.get_verdict(*next(iter(live))) if len(live) == 1 else None
         now = self.clock.time()
-        decision = evaluate(ramp, state, self.metrics, verdict=verdict, live=live, now=now)
+        decision = evaluate(ramp, state, self.metrics, verdict=verdict, live=live, now=now,
+                            checks=checks)
         moves = decision.target_bp is not None and decision.target_bp != state.canary_bp
         if moves and not self._move(decision, state.revision):
             return decision
@@ -77,6 +85,19 @@ class RampController:
             log.info("ramp %s: %s", decision.kind, decision.reason)
         return decision
 
+    def _checks(self, ramp: Ramp) -> tuple[CheckResult, ...] | None:
+        """The current step's HTTP checks, run at once (rollout.ramp.checks.run_checks). They
+        may take up to their timeouts, so the lease is renewed after them; None when it was
+        lost or the ramp changed meanwhile."""
+        specs = ramp.plan.checks_at(ramp.step)
+        if not specs:
+            return ()
+        results = run_checks(self.checker, specs)
+        if not self.ramps.acquire(self.owner, self.lease_ttl_s):
+            return None
+        current = self.ramps.get()
+        return results if current is not None and current.revision == ramp.revision else None
+
     def _record(self, decision: Decision, now: float) -> None:
         """Keep an evaluation that changed nothing as the last one; audit it when its outcome
         changed or as the heartbeat (rollout.ramp.audit)."""
@@ -91,7 +112,7 @@ class RampController:
 
     def _move(self, decision: Decision, revision: int) -> bool:
         """Set the decided share; False when an advance lost to a concurrent change."""
-        if decision.kind != "rollback":
+        if decision.kind not in ("rollback", "deadline"):  # a deadline's share is 0
             try:
                 self.rollout.set_canary(decision.target_bp, actor=CONTROLLER,
                                         reason=decision.reason, expected_revision=revision)

@@ -27,6 +27,17 @@ One evaluation (`evaluate`), in this order:
 7. At the last step (100 %): promote. Otherwise the next step needs its approval (if the plan
    asks for one; else `wait-approval`) and a passing `rollout verify` verdict for the versions
    served (unless the ramp was started with `--force`); then advance.
+8. Progress deadline (`progress_deadline_s`, when the plan sets one): a running ramp whose
+   evaluation holds or waits for approval (rules 2, 3, 4 tolerated, 6, 7), measured from the
+   later of its step's end of soak (start + `min_duration_s`; before the first step, the
+   ramp's start) and its last resume (`progress_since`), for longer than the deadline ends as
+   `on_deadline` says: `abort` sets the share to 0 and the status `aborted`, `pause` the status
+   `paused`; the decision is `deadline` (audited `ramp-deadline`) and its reason says which
+   step, for how long, and what held it. A paused ramp is never subject to the deadline.
+
+HTTP checks (rollout.ramp.checks) are gates too: the controller runs the step's checks and
+passes their results in; a `fail` counts like a failing gate (rule 4), a `wait` holds like a
+gate in `wait` (rule 6), and a check of the step without a result waits.
 
 Invariants: the share is only ever raised by an `advance` (never while the kill switch is on,
 while paused, while waiting for approval, or without a passing verdict unless forced); every
@@ -35,11 +46,12 @@ decision carries every gate's value and threshold; a rollback always sets the sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.ramp.checks import CheckResult, unanswered
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.plan import RampPlan
 from rollout.state import RolloutState, format_bp
@@ -50,7 +62,9 @@ SHADOW_GATES = ("agreement_lower_bound", "confident_flip_rate")  # wait for shad
 ACTIVE = ("running", "paused")
 
 Status = Literal["running", "paused", "promoted", "aborted"]
-Kind = Literal["advance", "hold", "wait-approval", "promote", "rollback", "abort", "idle"]
+Kind = Literal["advance", "hold", "wait-approval", "promote", "rollback", "abort", "deadline",
+               "idle"]
+STUCK = ("hold", "wait-approval")  # decisions a progress deadline can end
 
 
 class Ramp(BaseModel):
@@ -63,6 +77,7 @@ class Ramp(BaseModel):
     status: Status = "running"
     step: int = Field(-1, ge=-1)
     step_started_at: float | None = None
+    progress_since: float | None = None  # the last resume (a progress deadline counts from it)
     start_bp: int = Field(0, ge=0)
     failures: int = Field(0, ge=0)
     approved: tuple[int, ...] = ()
@@ -121,6 +136,7 @@ class Decision:
     ramp: Ramp
     target_bp: int | None = None  # the share to set; None: leave it
     gates: tuple[GateResult, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
     samples: int = 0
     window_s: int = 0
     time_in_step_s: float | None = None
@@ -141,6 +157,7 @@ class Decision:
             "samples": self.samples, "failures": ramp.failures,
             "failures_tolerated": ramp.plan.failures_tolerated,
             "gates": [g.__dict__ for g in self.gates], "verdict": self.verdict,
+            "checks": [c.as_dict() for c in self.checks],
             "forced": ramp.forced, **self.facts,
         }
 
@@ -205,8 +222,18 @@ def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int) -> tuple[int, l
 
 
 def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: Verdict | None,
-             live: set[tuple[str, str]], now: float) -> Decision:
-    """One evaluation of an active ramp (see the module docstring for the rules, in order)."""
+             live: set[tuple[str, str]], now: float,
+             checks: tuple[CheckResult, ...] = ()) -> Decision:
+    """One evaluation of an active ramp (see the module docstring for the rules, in order);
+    `checks`: the results of the current step's HTTP checks."""
+    return _deadline(_evaluate(ramp, state, metrics, verdict=verdict, live=live, now=now,
+                               checks=checks), now)
+
+
+def _evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *,
+              verdict: Verdict | None, live: set[tuple[str, str]], now: float,
+              checks: tuple[CheckResult, ...]) -> Decision:
+    """Rules 1 to 7."""
     if not ramp.active:
         return Decision("idle", f"the ramp is {ramp.status}", ramp)
     facts = {"kill": state.kill, "state_revision": state.revision}
@@ -255,9 +282,10 @@ def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: 
         in_step = max(0.0, now - started)
         window = max(1, min(ramp.plan.window_s, int(now) - int(started) + 1))
         samples, gates = judge_gates(ramp, metrics, window)
+    results = _step_checks(ramp, checks)
     seen = dict(gates=tuple(gates), samples=samples, window_s=window, time_in_step_s=in_step,
-                verdict=verdict_facts)
-    failing = [g for g in gates if g.status == "fail"]
+                verdict=verdict_facts, checks=results)
+    failing = [g for g in (*gates, *results) if g.status == "fail"]
     if failing:
         failures = ramp.failures + 1
         text = "; ".join(g.text() for g in failing)
@@ -281,7 +309,7 @@ def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: 
             waits.append(f"in step {in_step:.0f}s of {step.min_duration_s:g}s")
         if samples < step.min_samples:
             waits.append(f"{samples}/{step.min_samples} canary samples")
-        waits += [g.text() for g in gates if g.status == "wait"]
+        waits += [g.text() for g in (*gates, *results) if g.status == "wait"]
         if waits:
             return decide("hold", "hold: " + "; ".join(waits), ramp, **seen)
     # 7. promote, or the next step
@@ -302,4 +330,39 @@ def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: 
     note = "" if passed else " (forced: no passing verify verdict)"
     reason = f"advance {format_bp(ramp.expected_bp)} -> {format_bp(target)}{note}"
     return decide("advance", reason, ramp.model_copy(
-        update={"step": nxt, "step_started_at": now, "failures": 0}), target_bp=target, **seen)
+        update={"step": nxt, "step_started_at": now, "failures": 0, "progress_since": None}),
+        target_bp=target, **seen)
+
+
+def _step_checks(ramp: Ramp, results: tuple[CheckResult, ...]) -> tuple[CheckResult, ...]:
+    """The result of every check of the current step, in plan order; one without a result
+    waits (a check never passes unseen)."""
+    by_name = {r.name: r for r in results}
+    return tuple(by_name.get(c.label) or unanswered(c, "not run")
+                 for c in ramp.plan.checks_at(ramp.step))
+
+
+def _deadline(decision: Decision, now: float) -> Decision:
+    """Rule 8: a running ramp held past its progress deadline ends as the plan says."""
+    ramp, plan = decision.ramp, decision.ramp.plan
+    if plan.progress_deadline_s is None or decision.kind not in STUCK or \
+            ramp.status != "running":
+        return decision
+    if ramp.step >= 0:
+        started = ramp.step_started_at if ramp.step_started_at is not None else ramp.started_at
+        since = started + plan.steps[ramp.step].min_duration_s
+        where = f"step {ramp.step + 1} ({format_bp(ramp.expected_bp)})"
+    else:
+        since, where = ramp.started_at, f"before step 1 (share {format_bp(ramp.start_bp)})"
+    since = max(since, ramp.progress_since or since)
+    if now - since <= plan.progress_deadline_s:
+        return decision
+    held = decision.reason.removeprefix("hold: ")
+    reason = f"deadline: {where} could not progress for {now - since:.0f} s: {held}"
+    if plan.on_deadline == "pause":
+        after, target = ramp.model_copy(update={"status": "paused", "reason": reason}), None
+    else:
+        after, target = ramp.model_copy(update={"status": "aborted", "reason": reason}), 0
+    return replace(decision, kind="deadline", reason=reason, ramp=after, target_bp=target,
+                   facts={**decision.facts, "on_deadline": plan.on_deadline,
+                          "stuck_s": round(now - since, 3)})

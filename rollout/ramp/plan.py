@@ -12,9 +12,14 @@
       p99_ratio: 1.5               # canary p99 <= baseline p99 x R
       p99_ms: 500                  # canary p99 <= this many ms
       fallback_rate: 0.02          # canary requests answered by the baseline fallback <= F
+    checks:                  # HTTP checks judged at every step (rollout.ramp.checks)
+      - {url: "http://monitor:8080/canary", field: data.error_rate, max: 0.01}
+    progress_deadline_s: 3600  # a step held this long past its soak ends the ramp ...
+    on_deadline: abort         # ... by aborting it (share 0) or pausing it (`pause`)
     steps:
       - {percent: 1, min_duration_s: 300, min_samples: 200}
-      - {percent: 50, min_duration_s: 600, min_samples: 1000, approval: true}
+      - {percent: 50, min_duration_s: 600, min_samples: 1000, approval: true,
+         checks: [{url: "https://qa.internal/smoke", expect: 204}]}
       - {percent: 100, min_duration_s: 600, min_samples: 1000}
 
 Every gate is optional, but a plan needs at least one. Shares rise strictly and the last step
@@ -25,12 +30,16 @@ every error names the field it is about (`steps.1.percent: ...`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout.errors import InvalidChange
+from rollout.ramp.checks import Check, FieldError
 from rollout.state import BUCKETS, parse_percent
+
+MAX_CHECKS = 20  # per list (the plan's, each step's)
 
 
 class PlanError(InvalidChange):
@@ -44,6 +53,8 @@ class Step(BaseModel):
     min_duration_s: float = Field(0.0, ge=0, le=7 * 86_400, description="soak time")
     min_samples: int = Field(0, ge=0, le=100_000_000, description="canary requests in window")
     approval: bool = Field(False, description="an operator approves before this step starts")
+    checks: tuple[Check, ...] = Field((), max_length=MAX_CHECKS,
+                                      description="HTTP checks judged at this step")
 
     @field_validator("percent")
     @classmethod
@@ -85,6 +96,11 @@ class RampPlan(BaseModel):
     gates: Gates
     window_s: int = Field(60, ge=1, le=3_600)
     failures_tolerated: int = Field(0, ge=0, le=1_000)
+    checks: tuple[Check, ...] = Field((), max_length=MAX_CHECKS,
+                                      description="HTTP checks judged at every step")
+    progress_deadline_s: float | None = Field(
+        None, gt=0, le=30 * 86_400, description="seconds a step may be held past its soak")
+    on_deadline: Literal["abort", "pause"] = "abort"
 
     @model_validator(mode="after")
     def _rising_to_100(self):
@@ -97,6 +113,24 @@ class RampPlan(BaseModel):
             raise ValueError(f"steps.{len(shares) - 1}.percent: the last step must be 100 "
                              "(promotion)")
         return self
+
+    @model_validator(mode="after")
+    def _check_names_unique(self):
+        """Results are shown by name: two checks judged at one step must not share one."""
+        for where, checks in (("checks", self.checks), *(
+                (f"steps.{i}.checks", step.checks) for i, step in enumerate(self.steps))):
+            names = [c.label for c in self.checks] if where != "checks" else []
+            for j, check in enumerate(checks):
+                if check.label in names:
+                    raise ValueError(f"{where}.{j}.name: {check.label!r} names another check "
+                                     "judged at the same step")
+                names.append(check.label)
+        return self
+
+    def checks_at(self, step: int) -> tuple[Check, ...]:
+        """The checks judged at a step: the plan's, then the step's own (none before the
+        first step)."""
+        return (*self.checks, *self.steps[step].checks) if step >= 0 else ()
 
     @property
     def shares_bp(self) -> tuple[int, ...]:
@@ -119,8 +153,13 @@ def parse_plan(data: object) -> RampPlan:
             msg = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
                 msg = "unknown field"
-            where = _field(error["loc"])
-            problems.append(msg if msg.startswith("steps.") else f"{where}: {msg}")
+            loc = error["loc"]
+            cause = (error.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldError):
+                loc = (*loc, cause.field)
+            where = _field(loc)
+            located = msg.startswith(("steps.", "checks."))
+            problems.append(msg if located else f"{where}: {msg}")
         raise PlanError("invalid ramp plan: " + "; ".join(problems)) from None
 
 

@@ -4,6 +4,9 @@ operators' ramp actions through the CLI's audited path (rollout.ramp.RampControl
     GET  /v1/ramp              {"active", "ramp", "time_in_step_s", "controller", "last_evaluation"}
     POST /v1/ramp/<action>     pause, resume, approve, abort: {"reason", "actor"}
 
+`last_evaluation` carries every gate (`gates`) and every HTTP check of the step (`checks`:
+name, status pass|fail|wait, value, threshold, note); the panel shows both tables.
+
 Reads use the gateway's own connection (its Redis user may read the ramp keys); actions, after
 the operator token was checked, the control connection, as `dashboard:<name>@<client>` like the
 other actions. A ramp that does not allow an action (resume while running, approve with nothing

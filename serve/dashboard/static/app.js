@@ -130,7 +130,9 @@ function renderRamp(r) {
     (r.time_in_step_s === null ? "" : `, ${Math.round(r.time_in_step_s)} s in step`) +
     ` · started by ${ramp.started_by}: ${ramp.reason}` +
     (ramp.forced ? " (forced: no verify verdict needed)" : "") +
-    ` · failures ${ramp.failures} of ${ramp.plan.failures_tolerated} tolerated`;
+    ` · failures ${ramp.failures} of ${ramp.plan.failures_tolerated} tolerated` +
+    (ramp.plan.progress_deadline_s ? ` · deadline ${ramp.plan.progress_deadline_s} s past the soak, ` +
+      `then ${ramp.plan.on_deadline}` : "");
   const steps = document.createElement("table");
   steps.id = "ramp-steps";
   fill(steps, ["step", "share", "soak", "samples", "approval", ""], ramp.plan.steps.map((st, i) => {
@@ -149,12 +151,22 @@ function renderRamp(r) {
     tr.className = "gate " + (g.status === "fail" ? "fail" : g.status === "pass" ? "pass" : "");
     return tr;
   }));
+  // HTTP checks (plan `checks`): shown with the gates, their threshold is a text ("status 200")
+  const checks = document.createElement("table");
+  checks.id = "ramp-checks";
+  fill(checks, ["check", "value", "expected", "status"], ((last && last.checks) || []).map(c => {
+    const tr = row([c.name, c.value === null ? "–" : +(+c.value).toPrecision(4), c.threshold,
+      c.status + (c.note ? ` (${c.note})` : "")]);
+    tr.className = "gate " + (c.status === "fail" ? "fail" : c.status === "pass" ? "pass" : "");
+    return tr;
+  }));
+  checks.hidden = !(last && last.checks && last.checks.length);
   const note = document.createElement("p");
   note.className = "muted";
   note.textContent = last ? `last evaluation ${when(last.ts)}: ${last.reason}` +
     (r.controller ? ` (controller ${r.controller})` : " (no controller holds the lease)")
     : "not evaluated yet";
-  body.append(head, steps, gates, note);
+  body.append(head, steps, gates, checks, note);
 }
 
 // --- charts -----------------------------------------------------------------------------------
