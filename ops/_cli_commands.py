@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
-from ops import _cli_kill, _cli_ramp
+from ops import _cli_kill, _cli_ramp, _cli_route
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
 from ops._cli_format import (
     change_line,
@@ -111,6 +111,7 @@ def _status(ctx: _Context) -> int:
     shadow, now = status.shadow, status.now
     rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, now,
                                                                       status.audited)
+    rows += _cli_route.status_lines(state.routes)
     rows += gateway_rows(state, status.gateways, now, DEPLOYMENT_TTL_S)
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
@@ -233,6 +234,7 @@ _HANDLERS = {
     "ramp": _ramp, "status": _status, "canary": _canary, "kill": _cli_kill.kill,
     "unkill": _cli_kill.unkill,
     "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
+    "route": _cli_route.run,
 }
 
 

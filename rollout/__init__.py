@@ -19,6 +19,7 @@ _EXPORTS = {
         "RevisionNotFound", "RolloutError", "StoreUnavailable",
     ),
     "rollout.policy": ("Arm", "Decision", "Reason", "bucket_of", "decide", "effective_bp"),
+    "rollout.routes": ("Route",),
     "rollout.settings": ("Settings",),
     "rollout.shadow": ("ShadowStats",),
     "rollout.sink": ("TelemetrySink",),
@@ -36,7 +37,7 @@ __all__ = [
     "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock", "Decision",
     "DeploymentReport", "FakeClock", "InvalidChange", "LeaseLost", "MemoryStateStore",
     "MemoryTelemetry", "PermissionDenied", "RampNotAllowed", "Reason", "RequestRecord",
-    "RevisionConflict", "RevisionNotFound",
+    "RevisionConflict", "RevisionNotFound", "Route",
     "Rollout", "RolloutError", "RolloutState", "Settings", "ShadowStats", "StateStore",
     "StateView", "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock",
     "TelemetrySink",
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         StoreUnavailable,
     )
     from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
+    from rollout.routes import Route
     from rollout.settings import Settings
     from rollout.shadow import ShadowStats
     from rollout.share import BUCKETS, format_bp, parse_percent

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rollout.clock import Clock, SystemClock
 from rollout.errors import InvalidChange, RevisionConflict
+from rollout.routes import with_route, without_route
 from rollout.share import BIG_MOVE_BP, BUCKETS, big_move, format_bp
 from rollout.state import RolloutState
 from rollout.store import StateStore
@@ -91,6 +92,32 @@ class Rollout:
             )
         return {}
 
+    def add_route(
+        self, header: str, values: tuple[str, ...] | list[str], arm: str, *, actor: str,
+        reason: str, expected_revision: int | None = None,
+    ) -> tuple[RolloutState, RolloutState]:
+        """Add a header route (rollout.routes) with the next free id; audited as `route-add`.
+        InvalidChange for a bad header, value or arm, a header value already routed, or a full
+        table; RevisionConflict when the state moved on."""
+        before = self.store.get()
+        if expected_revision is not None and before.revision != expected_revision:
+            raise RevisionConflict(expected_revision, before.revision)
+        routes = with_route(before.routes, header, values, arm, actor=actor.strip(),
+                            reason=reason.strip(), now=self.clock.time())
+        return before, self._write(before, actor=actor, action="route-add", reason=reason,
+                                   routes=routes)
+
+    def remove_route(
+        self, route_id: str, *, actor: str, reason: str, expected_revision: int | None = None
+    ) -> tuple[RolloutState, RolloutState]:
+        """Remove the route `route_id`; audited as `route-remove`. InvalidChange if unknown."""
+        before = self.store.get()
+        if expected_revision is not None and before.revision != expected_revision:
+            raise RevisionConflict(expected_revision, before.revision)
+        routes, _ = without_route(before.routes, route_id.strip())
+        return before, self._write(before, actor=actor, action="route-remove", reason=reason,
+                                   routes=routes)
+
     def kill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
         return self._retrying(actor=actor, reason=reason, action="kill", kill=True)
 
@@ -118,7 +145,8 @@ class Rollout:
     def revert(
         self, revision: int, *, actor: str, reason: str, expected_revision: int | None = None
     ) -> tuple[RolloutState, RolloutState]:
-        """Restore the share and kill switch recorded at `revision` (itself a new, audited revision).
+        """Restore the share, kill switch and header routes recorded at `revision` (itself a new,
+        audited revision).
 
         The versions the current share is bound to are kept. A revert that would send traffic to
         an optimized model other than the one deployed now is refused: that share was never
@@ -138,6 +166,6 @@ class Rollout:
             )
         after = self._write(
             before, actor=actor, reason=reason, action=f"revert to revision {revision}",
-            canary_bp=target.canary_bp, kill=target.kill,
+            canary_bp=target.canary_bp, kill=target.kill, routes=target.routes,
         )
         return before, after

@@ -26,7 +26,7 @@ from rollout.resp import Connection
 from rollout.share import BUCKETS
 
 KILL_ATTEMPTS = 20  # as Rollout.kill: the kill switch retries through concurrent writes
-_TYPES = {"int": int, "bool": bool, "str": str, "float": float}
+_TYPES = {"int": int, "bool": bool, "str": str, "float": float, "tuple": list}
 
 
 class Unrecognised(ValueError):
@@ -45,6 +45,7 @@ class SwitchState:
     updated_at: float = 0.0
     updated_by: str = ""
     reason: str = ""
+    routes: tuple = ()  # header routes (rollout.routes) as stored: kept as they are, unread
 
     @property
     def effective_bp(self) -> int:
@@ -56,15 +57,21 @@ class SwitchState:
         """Read a stored state; Unrecognised unless it has exactly these fields, well typed."""
         doc = json.loads(raw)
         names = [f.name for f in fields(cls)]
+        if isinstance(doc, dict):
+            doc.setdefault("routes", [])  # a state stored before routes existed
         if not isinstance(doc, dict) or sorted(doc) != sorted(names):
             raise Unrecognised("the stored state has other fields")
+        if doc["routes"] == {}:  # Lua's cjson writes an empty list as {} (redis-cli kill)
+            doc["routes"] = []
         for f in fields(cls):
             value, kind = doc[f.name], _TYPES[f.type]
             if kind is float and type(value) is int:  # e.g. written by redis-cli's cjson
                 doc[f.name] = value = float(value)
             if type(value) is not kind:  # exact: a bool is no int here
                 raise Unrecognised(f"the stored {f.name} is not a {f.type}")
-        state = cls(**doc)
+        if not all(isinstance(route, dict) for route in doc["routes"]):
+            raise Unrecognised("the stored routes are not objects")
+        state = cls(**dict(doc, routes=tuple(doc["routes"])))
         if not (0 <= state.canary_bp <= BUCKETS and state.revision >= 0):
             raise Unrecognised("the stored state is out of bounds")
         return state

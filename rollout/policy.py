@@ -15,14 +15,28 @@ Invariants that follow:
   staleness bound routes everything to baseline (the arm known to be good) until it hears again.
 - Bound to a version: a share recorded for optimized version X routes nothing when the gateway
   serves another optimized version, so a newly deployed model starts from 0 % by construction.
+
+Precedence of one decision, first that applies wins (`decide`):
+
+1. kill switch on -> baseline (nothing beats it: no route, no override);
+2. stale state -> baseline (fail-safe);
+3. the operator override (`X-Canary-Arm-Override`, only when the gateway authorised it);
+4. the first header route, in id order, whose header carries one of its values (rollout.routes);
+5. the hashed share above, version binding included.
+
+Steps 3 and 4 look only at the request's headers, never at its bucket, so for a request that
+neither matches the decision is exactly the hashed one: adding or removing routes changes no
+other request's arm, and stickiness and monotonicity hold for them unchanged.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from rollout.routes import OVERRIDE_HEADER, first_match
 from rollout.state import BUCKETS, RolloutState
 
 
@@ -37,6 +51,8 @@ class Reason(str, Enum):
     KILL_SWITCH = "kill-switch"
     STALE_STATE = "stale-state"  # fail-safe: cached state too old
     VERSION_MISMATCH = "version-mismatch"  # the share was set for another optimized model
+    OVERRIDE = "override"  # the operator's X-Canary-Arm-Override
+    ROUTE = "route"  # a header route (Decision.route names it)
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,28 @@ class Decision:
     arm: Arm
     bucket: int
     reason: Reason
+    route: str | None = None  # the id of the header route that decided, with Reason.ROUTE
+
+    @property
+    def label(self) -> str:
+        """Why, as the response says it: 'share', 'kill-switch', 'override', 'route:r2', ..."""
+        return f"route:{self.route}" if self.route else self.reason.value
+
+
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+def override_arm(headers: Mapping[str, str]) -> Arm | None:
+    """The arm `X-Canary-Arm-Override` asks for; None without the header. ValueError for a
+    value that is no arm. Whether it is honoured is the caller's (authorisation) business."""
+    value = headers.get(OVERRIDE_HEADER)
+    if value is None:
+        return None
+    try:
+        return Arm(value.strip().lower())
+    except ValueError:
+        raise ValueError(f"{OVERRIDE_HEADER} must be baseline or optimized, got "
+                         f"{value[:40]!r}") from None
 
 
 def bucket_of(key: str, salt: str = "") -> int:
@@ -71,9 +109,28 @@ def decide(
     stale: bool = False,
     salt: str = "",
     serving: str | None = None,
+    headers: Mapping[str, str] = _NO_HEADERS,
+    override_allowed: bool = False,
 ) -> Decision:
-    """Route one request. `serving` is the optimized version this gateway serves."""
+    """Route one request (precedence in the module docstring). `serving` is the optimized
+    version this gateway serves; `headers` the request's, with lower-case names;
+    `override_allowed` whether the request carried the operator token (an override header
+    without it is ignored here; the gateway refuses such a request before routing)."""
     bucket = bucket_of(key, salt)
+    if state.kill:
+        return Decision(Arm.BASELINE, bucket, Reason.KILL_SWITCH)
+    if stale:
+        return Decision(Arm.BASELINE, bucket, Reason.STALE_STATE)
+    if override_allowed:
+        try:
+            arm = override_arm(headers)
+        except ValueError:
+            arm = None
+        if arm is not None:
+            return Decision(arm, bucket, Reason.OVERRIDE)
+    route = first_match(state.routes, headers) if state.routes else None
+    if route is not None:
+        return Decision(Arm(route.arm), bucket, Reason.ROUTE, route.id)
     share, override = effective_bp(state, stale=stale, serving=serving)
     if override is not None:
         return Decision(Arm.BASELINE, bucket, override)

@@ -6,8 +6,9 @@ operator can set is exact: 0.01 % is the smallest step and 10,000 bp is all traf
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rollout.routes import Route, check_routes
 from rollout.share import BUCKETS, format_bp, parse_percent
 
 __all__ = ["BUCKETS", "AuditEntry", "DeploymentReport", "RolloutState", "format_bp",
@@ -27,6 +28,19 @@ class RolloutState(BaseModel):
     updated_at: float = 0.0
     updated_by: str = ""
     reason: str = ""
+    routes: tuple[Route, ...] = Field(
+        (), description="header routes (rollout.routes), in id order; they beat the share")
+
+    @field_validator("routes", mode="before")
+    @classmethod
+    def _no_routes(cls, value):
+        """Lua's cjson writes an empty list as `{}` (the README's redis-cli emergency kill)."""
+        return () if value == {} else value
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, routes: tuple[Route, ...]) -> tuple[Route, ...]:
+        return check_routes(routes)
 
     @property
     def canary_percent(self) -> float:

@@ -4,6 +4,8 @@
     ├── BodyTimeout       408  the body did not arrive within `body_timeout_s` of the headers
     ├── ClientGone        499  the client went away before its answer (recorded; nobody reads it)
     ├── InvalidInput      422  malformed JSON, wrong types, empty inputs, unknown task
+    ├── InvalidOverride   400  X-Canary-Arm-Override names no arm (with the operator token)
+    ├── OverrideNotAllowed 403 X-Canary-Arm-Override without the operator token
     ├── InputTooLarge     413  more items, characters or bytes than the configured limits
     ├── KeyReused         409  an Idempotency-Key already used for a different request
     ├── InProgress        409  the first request with this Idempotency-Key is still running
@@ -42,6 +44,14 @@ class ClientGone(GatewayError):
 
 class InvalidInput(GatewayError):
     status, type = 422, "invalid_input"
+
+
+class InvalidOverride(GatewayError):
+    status, type = 400, "invalid_override"
+
+
+class OverrideNotAllowed(GatewayError):
+    status, type = 403, "override_not_allowed"
 
 
 class InputTooLarge(GatewayError):

@@ -65,6 +65,7 @@ from serve.errors import (
 from serve.idempotent import REPLAYED, Idempotency
 from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE, receive_body
 from serve.observe import Observation, Observer
+from serve.override import override_allowed
 from serve.preprocess import Preprocessor
 from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
 from serve.shadow import Shadow
@@ -267,6 +268,7 @@ class Gateway(DashboardRoutes):
         rid, incoming = _ids(request)
         idempotency_key = fp = None
         try:
+            overridden = override_allowed(self.settings.operator_token, request.headers)
             parsed = parse_predict(body, self.settings)
             task = parsed.task or self.settings.default_task
             obs.parsed(parsed.inputs, task)
@@ -287,7 +289,7 @@ class Gateway(DashboardRoutes):
             view = self.watcher.view()
             decision = decide(
                 view.state, key, stale=view.stale, salt=self.settings.routing_salt,
-                serving=self.serving,
+                serving=self.serving, headers=request.headers, override_allowed=overridden,
             )
             obs.route(decision, view, routing)
             deadline = start + self.settings.request_timeout_s
@@ -323,6 +325,7 @@ class Gateway(DashboardRoutes):
         headers = {
             **id_headers(rid, incoming),
             "X-Canary-Arm": result["arm"],
+            "X-Canary-Reason": decision.label,
             "Server-Timing": server_timing(timing) + batch_timing(result["batch"]),
         }
         body = {
@@ -332,6 +335,7 @@ class Gateway(DashboardRoutes):
             "task": task,
             "outputs": result["outputs"],
             "fallback": fallback,
+            "routing": decision.label,  # why this arm: share, canary, route:r1, override, ...
         }
         if idempotency_key is not None:
             replay_headers = {"X-Request-ID": rid, "X-Canary-Arm": result["arm"]}
@@ -459,6 +463,11 @@ class Gateway(DashboardRoutes):
             "store_error": view.error,
             "serving": {arm.value: info["version"] for arm, info in self.models.items()},
             "admission": self.admission.snapshot(),
+            # the header routes this replica applies (none while killed or stale)
+            "routes": [route.model_dump(mode="json", include={"id", "header", "values", "arm"})
+                       for route in state.routes],
+            "routes_applied": bool(state.routes) and override is not Reason.KILL_SWITCH
+            and not view.stale,
         }
 
     @api.get("/metrics")
