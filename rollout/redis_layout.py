@@ -9,6 +9,11 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `changes`  pub/sub channel: the new revision, published on every change
 - `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
 - `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
+- `flips`    stream: inputs the shadowed arms disagreed on (rollout.flips; bounded, expires)
+- `webhooks` hash: notification delivery counters (serve.webhooks): delivered, failed_attempts,
+             dropped, given_up, last_error, last_error_ts, last_delivered_ts, last_given_up_ts
+- `notify:cursor`     string: the last audit entry id the notifier has finished with
+- `notify:sent:<sha>` string (expires): one (event id, URL) claimed for delivery (deduplication)
 
 Plain Python, no Redis client: rollout.redis_store runs these scripts through redis-py, and the
 CLI's kill switch (rollout.killswitch) through a bare connection, so both write alike.
@@ -52,6 +57,21 @@ class Keys:
     @property
     def verdicts(self) -> str:
         return self.prefix + "verdicts"
+
+    @property
+    def flips(self) -> str:
+        return self.prefix + "flips"
+
+    @property
+    def webhooks(self) -> str:
+        return self.prefix + "webhooks"
+
+    @property
+    def notify_cursor(self) -> str:
+        return self.prefix + "notify:cursor"
+
+    def notify_sent(self, digest: str) -> str:
+        return self.prefix + "notify:sent:" + digest
 
 
 # The one write of the state. KEYS: state, history, audit. ARGV: before revision, after

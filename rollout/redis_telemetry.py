@@ -2,9 +2,9 @@
 
 Writes (from the sink's thread, one pipeline per batch): per-arm window increments
 (rollout.windows), shadow agreement increments (rollout.shadow) and span records
-(rollout.traces). Every key it writes expires, the trace index is trimmed to the newest
-`max_traces` and each trace to `MAX_SPANS` spans, so the telemetry in Redis stays bounded
-whatever the traffic.
+(rollout.traces), and captured flips (rollout.flips). Every key it writes expires, the trace
+index is trimmed to the newest `max_traces` and each trace to `MAX_SPANS` spans, the flip stream
+by length and age, so the telemetry in Redis stays bounded whatever the traffic.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import redis
 
 from rollout.errors import StoreUnavailable
+from rollout.flips import FlipItem, FlipRecord
+from rollout.redis_layout import Keys
 from rollout.redis_store import _UNAVAILABLE, _unavailable
 from rollout.shadow import ShadowItem, merge_shadow
 from rollout.traces import SpanRecord, index_key, request_key, trace_key
@@ -54,12 +56,14 @@ class RedisTelemetry:
     def write(self, items: Sequence[object]) -> None:
         """Write a batch of WindowItem, ShadowItem and span items (span records, or objects with
         a `span_record()` method that returns one). Raises StoreUnavailable when Redis fails."""
-        windows, shadows, spans = [], [], []
+        windows, shadows, spans, flips = [], [], [], []
         for item in items:
             if isinstance(item, WindowItem):
                 windows.append((item.ts, item.record))
             elif isinstance(item, ShadowItem):
                 shadows.append(item)
+            elif isinstance(item, FlipItem):
+                flips.append(item)
             else:
                 spans.append(item if isinstance(item, Mapping) else item.span_record())
         pipe = self._client.pipeline(transaction=False)
@@ -71,7 +75,20 @@ class RedisTelemetry:
             pipe.expire(key, self.window_ttl_s)
         if spans:
             self._write_spans(pipe, spans)
+        if flips:
+            self._write_flips(pipe, flips)
         self._call(pipe.execute)
+
+    def _write_flips(self, pipe, flips: list[FlipItem]) -> None:
+        """XADD each (MAXLEN ~ its max), then trim what is older than the TTL before the
+        newest flip's time (stream ids are Redis's clock in ms), and renew the key's TTL."""
+        key = Keys(self.app).flips
+        for item in flips:
+            pipe.xadd(key, item.record.fields(), maxlen=item.max_len, approximate=True)
+        newest = max(flips, key=lambda item: item.record.ts)
+        cutoff_ms = max(0, int((newest.record.ts - newest.ttl_s) * 1000))
+        pipe.xtrim(key, minid=cutoff_ms, approximate=False)
+        pipe.expire(key, newest.ttl_s)
 
     def _write_spans(self, pipe, spans: list[SpanRecord]) -> None:
         by_trace: dict[str, list[SpanRecord]] = {}
@@ -107,6 +124,11 @@ class RedisTelemetry:
             pipe.lrange(trace_key(self.app, trace_id), 0, -1)
         rows = self._call(pipe.execute)
         return [[json.loads(raw) for raw in row] for row in rows]
+
+    def flips(self, last: int) -> list[FlipRecord]:
+        """The newest `last` captured flips (rollout.flips), oldest first."""
+        rows = self._call(self._client.xrevrange, Keys(self.app).flips, count=last)
+        return [FlipRecord.from_fields(entry_id, fields) for entry_id, fields in reversed(rows)]
 
     def trace_of_request(self, request_id: str) -> str | None:
         return self._call(self._client.get, request_key(self.app, request_id))

@@ -88,6 +88,17 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
+def rotate_labels(outputs: list[dict]) -> list[dict]:
+    """Fault injection (`fault_rotate_labels`): each label's score moves to the next label, so
+    every top-1 label changes: an arm that disagrees with its twin, for tests and drills."""
+    rotated = []
+    for output in outputs:
+        names, values = list(output["scores"]), list(output["scores"].values())
+        scores = dict(zip(names, values[-1:] + values[:-1], strict=True))
+        rotated.append({**output, "label": max(scores, key=scores.get), "scores": scores})
+    return rotated
+
+
 @serve.deployment(name="model", health_check_period_s=10, health_check_timeout_s=30)
 class ModelServer:
     def __init__(self, settings: Settings, arm: str):
@@ -135,8 +146,9 @@ class ModelServer:
         """Live settings (Serve `user_config`, applied without a restart).
 
         `max_batch_size`, `batch_wait_ms`: the batching limits. `fault_delay_ms`, `fault_error`,
-        `fault_oom_tokens`: fault injection for drills and tests (every batch is delayed, or
-        fails, or forwards over that many padded tokens run out of memory); off unless set.
+        `fault_oom_tokens`, `fault_rotate_labels`: fault injection for drills and tests (every
+        batch is delayed, or fails, or forwards over that many padded tokens run out of
+        memory, or every classify answer's scores move one label on); off unless set.
         """
         size = int(user_config.get("max_batch_size", self.max_batch_size))
         wait_ms = float(user_config.get("batch_wait_ms", self.batch_wait_ms))
@@ -148,6 +160,7 @@ class ModelServer:
         self.fault_delay_s = float(user_config.get("fault_delay_ms", 0)) / 1000
         self.fault_error = bool(user_config.get("fault_error", False))
         self.fault_oom_tokens = int(user_config.get("fault_oom_tokens", 0))
+        self.fault_rotate_labels = bool(user_config.get("fault_rotate_labels", False))
 
     def _forward(self, rows):
         """One forward; with `fault_oom_tokens` set, more padded tokens than that run out of
@@ -228,6 +241,8 @@ class ModelServer:
                 raise forwarded.rows
             marks.post_start = time.perf_counter()
             outputs = self.variant.postprocess(task, forwarded.rows)
+            if self.fault_rotate_labels and task == "classify":
+                outputs = rotate_labels(outputs)
             marks.done = time.perf_counter()
         except BaseException as exc:
             if clock is not None:

@@ -14,7 +14,10 @@ One answered request (not a fallback, not an idempotent replay) goes through:
    shadow calls are already in flight (a try-acquire: a shadow call never waits for a slot);
 4. **the shadow call**: a background task calls the other arm with its own deadline
    (`shadow_timeout_s`), compares the outputs and records them: per-second counters in Redis
-   through the telemetry sink, OpenTelemetry metrics, and a `shadow` span in the request's trace.
+   through the telemetry sink, OpenTelemetry metrics, and a `shadow` span in the request's trace;
+5. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
+   differ go, after the capture policy and redaction hook of rollout.flips, to the flip stream
+   through the same sink. A failing hook or Redis costs a counter, never the comparison.
 
 Invariants: the response path only samples, checks and creates a task (no await, no I/O), so a
 slow or failing shadowed arm cannot delay or fail a client's response; shadow calls are not
@@ -25,6 +28,8 @@ at most `shadow_max_concurrency` of them per replica; `close()` cancels the outs
                                      mismatch, shed)
     canary.shadow.pairs   counter    arm, margin (baseline-margin bucket), agreed (true, false)
     canary.shadow.cosine  histogram  arm: cosine of embed pairs
+    canary.shadow.flips   counter    outcome (captured, too_long, redacted, redact_error):
+                                     flipped inputs met by flip capture
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from rollout.agreement import bucket_label, bucket_of
 from rollout.clock import Clock, SystemClock
+from rollout.flips import FlipCapture
 from rollout.policy import Arm, Reason
 from rollout.settings import Settings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
@@ -62,6 +68,8 @@ class ShadowMetrics:
         self.cosine = meter.create_histogram(
             "canary.shadow.cosine", "1", "cosine between the two arms' embeddings",
             explicit_bucket_boundaries_advisory=COSINE_BOUNDS)
+        self.flips = meter.create_counter(
+            "canary.shadow.flips", "{input}", "flipped inputs by flip-capture outcome")
 
     def record(self, arm: str, outcome: str, pairs: Sequence[PairOutcome]) -> None:
         self.calls.add(1, {"arm": arm, "outcome": outcome})
@@ -83,7 +91,8 @@ def _outcome(exc: BaseException) -> str:
 class Shadow:
     """The shadow comparisons of one gateway replica (see the module docstring).
 
-    `call` is the gateway's model call; `rng` and `clock` are injectable for tests."""
+    `call` is the gateway's model call; `rng` and `clock` are injectable for tests. A
+    CANARY_FLIP_REDACT that cannot be imported fails here, at start (FlipSettingError)."""
 
     def __init__(self, settings: Settings, call: ShadowCall, telemetry: Telemetry, *,
                  rng: random.Random | None = None, clock: Clock | None = None):
@@ -92,6 +101,7 @@ class Shadow:
         self.clock = clock or SystemClock()
         self.enabled = settings.shadow_share > 0 and telemetry.enabled
         self.metrics = ShadowMetrics(telemetry.meter)
+        self.flips = FlipCapture.from_settings(settings)
         self.tasks: set[asyncio.Task] = set()  # shadow calls running
 
     @property
@@ -99,7 +109,8 @@ class Shadow:
         return len(self.tasks)
 
     def offer(self, *, answered: Arm, result: Mapping, texts: list[str], task: str,
-              in_flight: int, override: Reason | None, parent=None) -> str:
+              in_flight: int, override: Reason | None, parent=None,
+              request_id: str = "") -> str:
         """Maybe shadow one answered request; what happened: `off`, `unsampled`, `unsafe`,
         `shed` or `started`. Never awaits; must be called on the gateway's event loop."""
         settings = self.settings
@@ -116,7 +127,7 @@ class Shadow:
             self._record(target, "shed", shadow_fields(shed=1))
             return "shed"
         job = asyncio.get_running_loop().create_task(
-            self._run(target, answered, result, list(texts), task, parent))
+            self._run(target, answered, result, list(texts), task, parent, request_id))
         self.tasks.add(job)
         job.add_done_callback(self._done)
         return "started"
@@ -125,7 +136,7 @@ class Shadow:
         self.tasks.discard(job)
 
     async def _run(self, target: Arm, answered: Arm, result: Mapping, texts: list[str],
-                   task: str, parent) -> None:
+                   task: str, parent, request_id: str = "") -> None:
         span = self.telemetry.tracer.start_span("shadow", context=parent, attributes={
             "canary.arm": target.value, "canary.shadow.of": answered.value,
             "canary.items": len(texts)})
@@ -158,6 +169,31 @@ class Shadow:
             span.set_attribute("canary.shadow.cosine", round(min(cosines), 6))
         span.end()
         self._record(target, "ok", shadow_fields(pairs, calls=1), pairs)
+        if agreed and not all(agreed):
+            self._capture(task, texts, baseline, optimized, pairs, request_id)
+
+    def _capture(self, task: str, texts: list[str], baseline: Mapping, optimized: Mapping,
+                 pairs: Sequence[PairOutcome], request_id: str) -> None:
+        """Flipped inputs to the flip stream through the sink (rollout.flips); never raises."""
+        capture = self.flips
+        if not capture.enabled:
+            return
+        try:
+            before = dict(capture.counts)
+            records = capture.records(
+                task=task, texts=texts, baseline=baseline["outputs"],
+                optimized=optimized["outputs"], agreed=[p.agreed for p in pairs],
+                ts=self.clock.time(), request_id=request_id,
+                baseline_version=str(baseline.get("model_version", "")),
+                optimized_version=str(optimized.get("model_version", "")))
+            for outcome, count in capture.counts.items():
+                if count > before[outcome]:
+                    self.metrics.flips.add(count - before[outcome], {"outcome": outcome})
+            sink = self.telemetry.sink
+            for record in records if sink is not None else ():
+                sink.offer(capture.item(record))
+        except Exception:
+            log.exception("capturing flipped inputs failed (the comparison is recorded)")
 
     def _record(self, target: Arm, outcome: str, fields: Mapping[str, float],
                 pairs: Sequence[PairOutcome] = ()) -> None:
