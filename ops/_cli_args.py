@@ -12,7 +12,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from ops import _cli_ramp, _cli_route
+from ops import _cli_flips, _cli_ramp, _cli_route
 from rollout.errors import InvalidChange
 from rollout.share import parse_percent
 
@@ -68,6 +68,7 @@ examples:
   rollout audit --last 20
   rollout ramp start ops/plans/example-ramp.yaml --reason "ramp v2"
   rollout route add --header X-User-Group=internal --arm optimized --reason "QA"
+  rollout flips --last 20 --export flips.jsonl
   rollout --app search --redis-url redis://redis.internal:6379/0 status --json
 
 Changes need --reason. Moving the share by 50 points or more, or to 100%, asks for confirmation
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show this trace as a waterfall")
     _cli_ramp.add_parser(commands, common, _text("reason"))
     _cli_route.add_parser(commands, common, _text("reason"))
+    _cli_flips.add_parser(commands, common, _positive)
     return parser
 
 

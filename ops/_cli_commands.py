@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
-from ops import _cli_kill, _cli_ramp, _cli_route
+from ops import _cli_flips, _cli_kill, _cli_ramp, _cli_route
 from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
 from ops._cli_format import (
     change_line,
@@ -235,6 +235,7 @@ _HANDLERS = {
     "unkill": _cli_kill.unkill,
     "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
     "route": _cli_route.run,
+    "flips": _cli_flips.run,
 }
 
 
@@ -259,7 +260,7 @@ def run(argv=None, *, store: StateStore | None = None, clock: Clock | None = Non
             settings = settings_from(args)
             store = opened = open_store(settings)
             where, app = _where(settings), settings.app_name
-            if telemetry is None and args.command in ("status", "traces"):
+            if telemetry is None and args.command in ("status", "traces", "flips"):
                 telemetry = opened_telemetry = open_telemetry(settings)
             if ramps is None and args.command == "ramp":
                 from rollout.ramp import open_ramp_store

@@ -197,6 +197,28 @@ class Settings(BaseSettings):
     )
     shadow_timeout_s: float = Field(5.0, gt=0, le=600, description="deadline of a shadow call")
 
+    # --- flip capture (rollout.flips): inputs the shadowed arms disagreed on -------------------
+    flip_capture: bool = Field(
+        False, description="keep the inputs of shadowed classify pairs whose top-1 labels "
+        "differ, with both labels and margins, in the Redis stream rollout:<app>:flips "
+        "(`rollout flips`); off by default: inputs are user data",
+    )
+    flip_capture_max: int = Field(
+        10_000, ge=10, le=1_000_000, description="flips kept (the stream's approximate MAXLEN)"
+    )
+    flip_capture_ttl_s: int = Field(
+        7 * 86_400, ge=60, le=90 * 86_400,
+        description="flips older than this are trimmed; the stream expires when none comes",
+    )
+    flip_capture_max_chars: int = Field(
+        2_000, ge=1, le=1_000_000,
+        description="a flipped input longer than this is not kept (counted as too_long)",
+    )
+    flip_redact: str | None = Field(
+        None, description="redaction hook 'module:function', called as f(text) -> str | None "
+        "before a flip is kept; None drops the input, a hook that raises drops it too",
+    )
+
     # --- Serve resources ---------------------------------------------------------------------
     gateway_num_cpus: float = Field(0.25, ge=0, le=64)
     model_num_cpus: float = Field(0.5, ge=0, le=64)
@@ -331,6 +353,18 @@ class Settings(BaseSettings):
         if not re.match(r"^(redis|rediss|unix)://", value):
             raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
         return value
+
+    @field_validator("flip_redact")
+    @classmethod
+    def _flip_redact(cls, value: str | None) -> str | None:
+        from rollout.flips import HOOK_PATTERN  # resolved when a gateway starts (FlipCapture)
+
+        if value is None or not value.strip():
+            return None
+        if not HOOK_PATTERN.fullmatch(value.strip()):
+            raise ValueError("CANARY_FLIP_REDACT must be 'module:function' (an importable "
+                             "function's path)")
+        return value.strip()
 
     @field_validator("label_template")
     @classmethod

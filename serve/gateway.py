@@ -354,7 +354,8 @@ class Gateway(DashboardRoutes):
             view = self.watcher.view()
             _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
             self.shadow.offer(answered=Arm(result["arm"]), result=result, texts=texts, task=task,
-                              in_flight=self.in_flight, override=override, parent=obs.context)
+                              in_flight=self.in_flight, override=override, parent=obs.context,
+                              request_id=getattr(obs, "request_id", ""))
         except Exception:
             log.exception("starting a shadow comparison failed (the response is not affected)")
 
