@@ -10,7 +10,6 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
 - `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
 - `flips`    stream: inputs the shadowed arms disagreed on (rollout.flips; bounded, expires)
-- `flips`    stream: inputs the shadowed arms disagreed on (rollout.flips; bounded, expires)
 - `webhooks` hash: notification delivery counters (serve.webhooks): delivered, failed_attempts,
              dropped, given_up, last_error, last_error_ts, last_delivered_ts, last_given_up_ts
 - `notify:cursor`     string: the last audit entry id the notifier has finished with
@@ -58,10 +57,6 @@ class Keys:
     @property
     def verdicts(self) -> str:
         return self.prefix + "verdicts"
-
-    @property
-    def flips(self) -> str:
-        return self.prefix + "flips"
 
     @property
     def flips(self) -> str:
