@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -143,7 +144,11 @@ def judge(check: Check, status: int, body: bytes) -> CheckResult:
     if check.field is None:
         return CheckResult(check.label, "pass", float(status), check.threshold_text())
     try:
-        value = _lookup(json.loads(body), check.field)
+        data = json.loads(body)
+    except ValueError:  # not UTF-8, or not JSON
+        return unanswered(check, f"the answer is not JSON: {body[:40]!r}")
+    try:
+        value = _lookup(data, check.field)
     except ValueError as exc:
         return unanswered(check, str(exc))
     bad = [f"above max {check.max:g}"] if check.max is not None and value > check.max else []
@@ -180,10 +185,12 @@ def run_checks(checker: Checker | None, checks: Sequence[Check]) -> tuple[CheckR
         return tuple(unanswered(c, "no checker configured") for c in checks)
     pool = ThreadPoolExecutor(max_workers=len(checks), thread_name_prefix="ramp-check")
     try:
+        started = time.monotonic()
         futures = [pool.submit(checker.check, c) for c in checks]
-        wait(futures, timeout=max(c.timeout_s for c in checks) + GRACE_S)
         results = []
         for check, future in zip(checks, futures, strict=True):
+            left = started + check.timeout_s + GRACE_S - time.monotonic()
+            wait([future], timeout=max(0.0, left))
             if not future.done():
                 results.append(unanswered(check, f"no answer within {check.timeout_s:g}s"))
             elif future.exception() is not None:

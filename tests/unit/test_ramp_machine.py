@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rollout import RampNotAllowed
-from rollout.ramp import CONTROLLER, WindowsMetrics
+from rollout.ramp import CONTROLLER, RampController, WindowsMetrics
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
 from rollout.windows import MemoryHashes, Windows
 from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, stats
@@ -125,14 +125,14 @@ def test_the_agreement_gate_rolls_back_and_waits_for_shadow_pairs():
     for _ in range(3):  # no shadow comparison at all (what windows without `shadow` answer)
         decision = h.tick()
         assert decision.kind == "hold" and "0/40 shadow pairs" in decision.reason
-    h.metrics.pairs, h.metrics.lower_bound = 10, 0.5  # too few pairs to judge
+    h.metrics.pairs, h.metrics.agreed = 10, 5  # too few pairs to judge
     for _ in range(8):
         decision = h.tick()
         assert decision.kind == "hold" and "10/40 shadow pairs" in decision.reason
-    h.metrics.pairs, h.metrics.lower_bound = 400, 0.95
+    h.metrics.pairs, h.metrics.agreed = 400, 380  # 95 %: the CS's upper end is below 0.98
     decision = h.tick()
     assert decision.kind == "rollback" and h.share == 0
-    assert "agreement_lower_bound 0.95 >= 0.98: fail" in decision.reason
+    assert "agreement_lower_bound 0.9" in decision.reason and ">= 0.98: fail" in decision.reason
 
 
 class ShadowFedMetrics(ScriptedMetrics):
@@ -149,8 +149,8 @@ class ShadowFedMetrics(ScriptedMetrics):
     def agreement(self, last_s):
         return self.shadow.agreement(last_s)
 
-    def confident(self, last_s):
-        return self.shadow.confident(last_s)
+    def confident(self, last_s, min_margin=0.05):
+        return self.shadow.confident(last_s, min_margin)
 
 
 def test_the_confident_flip_gate_passes_near_tie_flips_and_rolls_back_on_a_confident_one():
@@ -169,13 +169,14 @@ def test_the_confident_flip_gate_passes_near_tie_flips_and_rolls_back_on_a_confi
     h.metrics.file(h.clock.time(), [PairOutcome(True, 0.05), PairOutcome(True, 0.4)] * 25)
     advance = h.run_until("advance")  # a third of all pairs flipped, but only near ties
     [gate] = advance.gates
-    assert (gate.name, gate.status, gate.value, gate.note) == (
-        "confident_flip_rate", "pass", 0.0, "0 of 50 flipped")
+    assert (gate.name, gate.status, gate.value) == ("confident_flip_rate", "pass", 0.0)
+    assert gate.note.startswith("0 of 50 flipped at baseline margin >= 0.05 in the step's ")
     assert h.share == 5000
     h.metrics.file(h.clock.time(), [PairOutcome(True, 0.3)] * 99 + [PairOutcome(False, 0.05)])
     decision = h.tick()
     assert decision.kind == "rollback" and h.share == 0
-    assert "confident_flip_rate 0.01 <= 0: fail (1 of 100 flipped)" in decision.reason
+    assert "confident_flip_rate 0.01 <= 0: fail (1 of 100 flipped at baseline margin >= 0.05" \
+        in decision.reason
 
 
 def test_a_passing_evaluation_resets_the_failure_count(h):
@@ -418,3 +419,182 @@ def test_every_evaluation_is_audited_with_values_and_thresholds(h):
     assert (p99["value"], p99["threshold"], p99["status"]) == (45.0, 500, "pass")
     assert entry.detail["samples"] == 100 and entry.detail["share_bp"] == 1000
     assert h.ramps.last_evaluation()["reason"] == entry.reason
+
+
+# --- HTTP checks: gates judged from the checker's results ---------------------------------------
+
+
+class ScriptedChecker:
+    """Answers each check with the status the test set (default: pass); counts calls."""
+
+    def __init__(self):
+        self.status: dict[str, str] = {}
+        self.calls: list[str] = []
+
+    def check(self, check):
+        from rollout.ramp.checks import CheckResult
+
+        self.calls.append(check.label)
+        status = self.status.get(check.label, "pass")
+        note = {"fail": "HTTP 500, expected 200", "wait": "unreachable: refused"}.get(status, "")
+        return CheckResult(check.label, status, 500.0 if status == "fail" else None,
+                           check.threshold_text(), note)
+
+
+def with_checks(checker=None, **plan) -> Harness:
+    """A harness whose plan has a ramp-wide check `health` and a check `smoke` at step 2."""
+    steps = [PLAN["steps"][0], dict(PLAN["steps"][1], checks=[
+        {"url": "http://qa.internal/smoke", "name": "smoke"}]), PLAN["steps"][2]]
+    h = Harness(dict(PLAN, checks=[{"url": "http://mon.internal/health", "name": "health"}],
+                     steps=steps, **plan))
+    h.verdict()
+    h.controller = RampController(h.states, h.ramps, h.metrics, clock=h.clock, owner="c1",
+                                  checker=checker)
+    return h
+
+
+def test_passing_checks_climb_and_each_step_judges_its_own():
+    checker = ScriptedChecker()
+    h = with_checks(checker)
+    h.start()
+    assert h.tick().kind == "advance" and checker.calls == []  # no step yet: nothing to check
+    h.healthy()
+    advance = h.run_until("advance")
+    assert [c["name"] for c in advance.detail()["checks"]] == ["health"]
+    checker.calls.clear()
+    held = h.tick()
+    assert checker.calls == ["health", "smoke"]  # step 2: the plan's, then the step's
+    assert [(c.name, c.status) for c in held.checks] == [("health", "pass"), ("smoke", "pass")]
+    assert h.run_until("promote").kind == "promote"
+
+
+def test_a_failing_check_is_a_failing_gate_and_rolls_back_after_the_tolerated_ones():
+    checker = ScriptedChecker()
+    h = with_checks(checker)
+    climb_to_first_step(h)
+    h.healthy()
+    checker.status["health"] = "fail"
+    first = h.tick()
+    assert first.kind == "hold" and "failing 1/1 tolerated: check health 500" in first.reason
+    rollback = h.tick()
+    assert rollback.kind == "rollback" and h.share == 0 and h.ramp.status == "aborted"
+    assert "check health 500 (status 200): fail (HTTP 500, expected 200)" in rollback.reason
+    entry = [e for e in h.states.audit() if e.action == "ramp-rollback"][-1]
+    assert entry.detail["checks"] == [{"name": "health", "status": "fail", "value": 500.0,
+                                       "threshold": "status 200",
+                                       "note": "HTTP 500, expected 200"}]
+
+
+def test_an_unreachable_check_waits_and_never_passes():
+    checker = ScriptedChecker()
+    h = with_checks(checker)
+    climb_to_first_step(h)
+    h.healthy()
+    checker.status["health"] = "wait"
+    for _ in range(30):  # far past the soak, every gate passing
+        decision = h.tick()
+        assert decision.kind == "hold" and h.share == 1000
+    assert "check health - (status 200): wait (unreachable: refused)" in decision.reason
+    assert h.ramp.failures == 0  # a wait is not a failure
+    checker.status.clear()
+    assert h.tick().kind == "advance"
+
+
+def test_without_a_checker_a_plans_checks_wait():
+    h = with_checks(checker=None)
+    climb_to_first_step(h)
+    h.healthy()
+    decision = h.run_until("hold")
+    assert [(c.status, c.note) for c in decision.checks] == [("wait", "no checker configured")]
+    assert all(h.tick().kind == "hold" for _ in range(20)) and h.share == 1000
+
+
+def test_evaluate_without_results_for_the_steps_checks_waits():
+    from rollout.ramp import evaluate
+
+    h = with_checks(ScriptedChecker())
+    climb_to_first_step(h)
+    h.healthy()
+    h.clock.advance(60)
+    h.heartbeat()
+    decision = evaluate(h.ramp, h.states.get(), h.metrics, verdict=None, live=h.rollout
+                        .live_versions(), now=h.clock.time())
+    assert decision.kind == "hold" and "check health - (status 200): wait (not run)" in \
+        decision.reason
+
+
+# --- the progress deadline -----------------------------------------------------------------------
+
+
+def test_a_step_held_past_its_deadline_aborts_to_share_0():
+    h = Harness(dict(PLAN, progress_deadline_s=60))
+    h.verdict()
+    climb_to_first_step(h)  # step 1 starts; soak 30 s, so the deadline is at 30 + 60 s
+    h.healthy(requests=20)  # too few samples: held
+    held = [h.tick() for _ in range(18)]  # 90 s
+    assert all(d.kind == "hold" for d in held) and h.share == 1000
+    deadline = h.tick()
+    assert deadline.kind == "deadline" and h.share == 0 and h.ramp.status == "aborted"
+    assert deadline.reason == ("deadline: step 1 (10%) could not progress for 65 s: "
+                               "20/50 canary samples")
+    entry = [e for e in h.states.audit() if e.action == "ramp-deadline"][-1]
+    assert entry.actor == CONTROLLER and entry.detail["on_deadline"] == "abort"
+    assert h.controller_changes() == ["canary 0% -> 10%", "canary 10% -> 0%"]
+    assert h.tick() is None  # ended
+
+
+def test_a_deadline_that_pauses_keeps_the_share_and_a_paused_ramp_has_no_deadline():
+    h = Harness(dict(PLAN, progress_deadline_s=60, on_deadline="pause"))
+    h.verdict()
+    climb_to_first_step(h)
+    h.healthy(requests=20)
+    deadline = h.run_until("deadline")
+    assert h.ramp.status == "paused" and h.share == 1000
+    assert deadline.reason.startswith("deadline: step 1 (10%) could not progress for")
+    assert all(h.tick().reason == "hold: paused" for _ in range(50))  # no deadline while paused
+    assert [e.action for e in h.states.audit()].count("ramp-deadline") == 1
+
+
+def test_the_deadline_counts_from_the_last_resume():
+    h = Harness(dict(PLAN, progress_deadline_s=60, on_deadline="pause"))
+    h.verdict()
+    climb_to_first_step(h)
+    h.healthy(requests=20)
+    h.control.pause(actor="bob", reason="look")
+    for _ in range(40):  # 200 s paused: far past the step's soak + deadline
+        h.tick()
+    h.control.resume(actor="bob", reason="go on")
+    assert h.ramp.progress_since == h.clock.time()
+    assert all(h.tick().kind == "hold" for _ in range(12))  # 60 s after the resume
+    assert h.tick().kind == "deadline" and h.ramp.status == "paused"
+
+
+def test_a_wait_for_approval_nobody_gives_ends_at_the_deadline():
+    plan = dict(PLAN, progress_deadline_s=120, steps=[
+        PLAN["steps"][0], dict(PLAN["steps"][1], approval=True), PLAN["steps"][2]])
+    h = Harness(plan)
+    h.verdict()
+    climb_to_first_step(h)
+    h.healthy()
+    deadline = h.run_until("deadline")
+    assert deadline.reason.endswith("could not progress for 125 s: waiting for approval of "
+                                    "step 2 (50%): `rollout ramp approve`")
+    assert h.share == 0 and h.ramp.status == "aborted"
+
+
+def test_the_deadline_before_the_first_step_counts_from_the_ramps_start():
+    h = Harness(dict(PLAN, progress_deadline_s=30))
+    h.start()  # no verify verdict: held before the first step
+    assert [h.tick().kind for _ in range(6)] == ["hold"] * 6
+    deadline = h.tick()
+    assert deadline.kind == "deadline" and h.ramp.status == "aborted" and h.share == 0
+    assert deadline.reason.startswith("deadline: before step 1 (share 0%) could not progress "
+                                      "for 35 s: no verify verdict")
+
+
+def test_an_advancing_ramp_never_meets_its_deadline():
+    h = Harness(dict(PLAN, progress_deadline_s=1))
+    h.verdict()
+    h.start()
+    h.healthy()
+    assert h.run_until("promote").kind == "promote"  # the soak is not a stall

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from rollout import FakeClock, InvalidChange
-from rollout.agreement import wilson_interval
 from rollout.ramp import PlanError, WindowsMetrics, load_plan, read_plan
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
 from rollout.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
@@ -110,15 +109,15 @@ def test_the_adapter_reads_arms_from_the_windows():
 
 
 def test_without_shadow_pairs_the_agreement_is_unknown():
-    assert WindowsMetrics(windows_with_one_canary_request()).agreement(60) == (0, None)
+    assert WindowsMetrics(windows_with_one_canary_request()).agreement(60) == (0, 0)
 
 
 def test_the_agreement_is_the_shadow_windows_pairs_and_lower_bound():
     windows = windows_with_one_canary_request()
     outcomes = [PairOutcome(True, 0.3)] * 199 + [PairOutcome(False, 0.01)]
     windows.source.increment(merge_shadow([ShadowItem(999.5, shadow_fields(outcomes))], "app"))
-    assert WindowsMetrics(windows).agreement(30) == (200, wilson_interval(199, 200)[0])
-    assert WindowsMetrics(windows).agreement(30) == (200, windows.shadow(30).lower_bound)
+    assert WindowsMetrics(windows).agreement(30) == (200, 199)  # counts: the machine bounds them
+    assert WindowsMetrics(windows).agreement(30) == (200, windows.shadow(30).agreed)
 
 
 def test_confident_pairs_are_the_shadow_pairs_from_margin_0_05_up():
@@ -130,3 +129,77 @@ def test_confident_pairs_are_the_shadow_pairs_from_margin_0_05_up():
     assert windows.shadow(30).confident_flip_rate == pytest.approx(2 / 52)
     assert WindowsMetrics(windows_with_one_canary_request()).confident(30) == (0, 0)
     assert windows_with_one_canary_request().shadow(30).confident_flip_rate is None
+
+
+# --- checks and the progress deadline -----------------------------------------------------------
+
+BASE = "gates: {error_rate_delta: 0.01}\nsteps: [{percent: 50}, {percent: 100}]\n"
+
+
+def test_checks_and_a_deadline_are_read_with_their_defaults():
+    plan = load_plan(BASE + "checks: [{url: 'http://mon:8080/canary/health/'}]\n"
+                     "progress_deadline_s: 600\n")
+    check = plan.checks[0]
+    assert (check.timeout_s, check.expect, check.field, check.label) == (
+        5.0, 200, None, "mon:8080/canary/health")
+    assert plan.progress_deadline_s == 600 and plan.on_deadline == "abort"
+    assert load_plan(BASE).progress_deadline_s is None  # optional
+
+
+def test_a_steps_checks_are_judged_after_the_plans():
+    plan = load_plan(
+        "gates: {error_rate_delta: 0.01}\nchecks: [{url: 'http://a/x', name: all}]\n"
+        "on_deadline: pause\nsteps:\n"
+        "  - {percent: 50, checks: [{url: 'https://b/y', field: d.rate, max: 0.1, min: 0}]}\n"
+        "  - {percent: 100}\n")
+    assert [c.label for c in plan.checks_at(0)] == ["all", "b/y"]
+    assert [c.label for c in plan.checks_at(1)] == ["all"]
+    assert plan.checks_at(-1) == () and plan.on_deadline == "pause"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("checks: [{url: 'ftp://a/x'}]", "checks.0.url: an http:// or https:// URL with a host"),
+    ("checks: [{url: 'http:///x'}]", "checks.0.url: an http:// or https:// URL with a host"),
+    ("checks: [{name: x}]", "checks.0.url: Field required"),
+    ("checks: [{url: 'http://a/x', timeout_s: 61}]",
+     "checks.0.timeout_s: Input should be less than or equal to 60"),
+    ("checks: [{url: 'http://a/x', timeout_s: 0}]", "checks.0.timeout_s: Input should be greater"),
+    ("checks: [{url: 'http://a/x', expect: 99}]", "checks.0.expect: "),
+    ("checks: [{url: 'http://a/x', max: 0.1}]", "checks.0.max: a threshold needs `field`"),
+    ("checks: [{url: 'http://a/x', min: 1}]", "checks.0.min: a threshold needs `field`"),
+    ("checks: [{url: 'http://a/x', field: data.rate}]",
+     "checks.0.field: data.rate needs `max` and/or `min`"),
+    ("checks: [{url: 'http://a/x', field: 'data..rate', max: 1}]",
+     "checks.0.field: a dotted path such as data.error_rate"),
+    ("checks: [{url: 'http://a/x', field: d, max: 1, min: 2}]", "checks.0.min: 2 is above max 1"),
+    ("checks: [{url: 'http://a/x', field: d, max: .nan}]", "checks.0.max: "),
+    ("checks: [{url: 'http://a/x', header: y}]", "checks.0.header: unknown field"),
+    ("checks: [{url: 'http://a/x'}, {url: 'http://a/x/'}]",
+     "checks.1.name: 'a/x' names another check judged at the same step"),
+    ("checks: {url: 'http://a/x'}", "checks: Input should be a valid"),
+    ("progress_deadline_s: 0", "progress_deadline_s: Input should be greater than 0"),
+    ("progress_deadline_s: soon", "progress_deadline_s: Input should be a valid number"),
+    ("on_deadline: rollback", "on_deadline: Input should be 'abort' or 'pause'"),
+])
+def test_a_bad_check_or_deadline_is_refused_naming_the_field(extra, message):
+    with pytest.raises(PlanError) as caught:
+        load_plan(BASE + extra)
+    assert message in str(caught.value)
+
+
+def test_a_steps_check_is_named_with_its_step():
+    with pytest.raises(PlanError) as caught:
+        load_plan("gates: {error_rate_delta: 0.01}\nchecks: [{url: 'http://a/x'}]\nsteps:\n"
+                  "  - {percent: 50, checks: [{url: 'http://b/x', max: 1}, {url: 'http://a/x'}]}\n"
+                  "  - {percent: 100}\n")
+    assert "steps.0.checks.0.max: a threshold needs `field`" in str(caught.value)
+    with pytest.raises(PlanError, match=r"steps\.0\.checks\.0\.name: 'a/x' names another"):
+        load_plan("gates: {error_rate_delta: 0.01}\nchecks: [{url: 'http://a/x'}]\nsteps:\n"
+                  "  - {percent: 50, checks: [{url: 'http://a/x'}]}\n  - {percent: 100}\n")
+
+
+def test_the_example_plan_has_a_deadline_and_no_live_check():
+    plan = read_plan(ROOT / "ops" / "plans" / "example-ramp.yaml")
+    assert (plan.progress_deadline_s, plan.on_deadline) == (3600, "abort")
+    assert plan.checks == ()  # commented out: a live URL would hold every step
+    assert "CANARY_WEBHOOK_URLS" in (ROOT / "ops" / "plans" / "example-ramp.yaml").read_text()
