@@ -41,7 +41,7 @@ _ID = re.compile(r"^r([1-9][0-9]{0,5})$")
 def header_problem(name: str) -> str | None:
     """Why `name` cannot be routed on, or None (the name as given, any case)."""
     low = name.strip().lower()
-    if not low or len(low) > MAX_HEADER_CHARS or not _TOKEN.match(low):
+    if not low or len(low) > MAX_HEADER_CHARS or not _TOKEN.fullmatch(low):
         return (f"header {name!r} is not a valid HTTP header name (letters, digits and "
                 f"!#$%&'*+.^_`|~- only, at most {MAX_HEADER_CHARS} characters)")
     if low in FORBIDDEN_HEADERS:
@@ -76,7 +76,7 @@ class Route(BaseModel):
     @classmethod
     def _header(cls, name: str) -> str:
         problem = header_problem(name)
-        if problem or name != name.lower():
+        if problem or name != name.strip().lower():
             raise ValueError(problem or "header names are stored lower-case")
         return name
 

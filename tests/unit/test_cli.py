@@ -548,3 +548,97 @@ def test_help_for_every_command(run, command):
 def test_no_command_is_a_usage_error(run):
     result = run(actor=None)
     assert result.code == 2 and "COMMAND" in one_error_line(result)
+
+
+# --- header routes ----------------------------------------------------------------------------
+
+
+def test_route_add_list_remove_are_audited(run):
+    result = run("route", "add", "--header", "X-User-Group=internal,qa", "--arm", "optimized",
+                 "--reason", "QA on v2")
+    assert result.code == 0, result.err
+    assert result.out == ("route r1: x-user-group = internal|qa -> optimized added (revision 1) "
+                          "by alice: QA on v2\n")
+    assert run("route", "add", "--header", "x-tenant=acme", "--arm", "baseline",
+               "--reason", "pinned").code == 0
+    listed = run("route", "list")
+    assert listed.code == 0
+    assert listed.out.splitlines() == [
+        "ID  HEADER        VALUES       ARM        ADDED                 BY     REASON",
+        "r1  x-user-group  internal,qa  optimized  2023-11-14T22:13:20Z  alice  QA on v2",
+        "r2  x-tenant      acme         baseline   2023-11-14T22:13:20Z  alice  pinned",
+    ]
+    doc = json.loads(run("route", "list", "--json").out)
+    assert [(r["id"], r["header"], r["values"], r["arm"]) for r in doc] == [
+        ("r1", "x-user-group", ["internal", "qa"], "optimized"),
+        ("r2", "x-tenant", ["acme"], "baseline")]
+    removed = run("route", "remove", "r1", "--reason", "QA done")
+    assert removed.code == 0
+    assert removed.out.startswith("route r1: x-user-group = internal|qa -> optimized removed "
+                                  "(revision 3) by alice: QA done")
+    assert [e.action for e in run.store.audit()] == ["route-add", "route-add", "route-remove"]
+    assert [r.id for r in run.state.routes] == ["r2"]
+
+
+def test_route_list_without_routes_and_status_with_them(run):
+    assert run("route", "list").out == (
+        "no header routes: every request is routed by the hashed share\n")
+    assert "route r" not in run("status").out
+    assert run("route", "add", "--header", "x-user-group=internal", "--arm", "optimized",
+               "--reason", "QA").code == 0
+    status = run("status").out
+    assert "route r1         x-user-group = internal -> optimized (QA)\n" in status
+    assert json.loads(run("status", "--json").out)["routes"][0]["id"] == "r1"
+
+
+@pytest.mark.parametrize("header, arm, reason, message", [
+    ("x-user-group", "optimized", "QA", "NAME=VALUE"),
+    ("authorization=Bearer x", "optimized", "QA", "cannot be routed on"),
+    ("x-canary-arm-override=optimized", "optimized", "QA", "cannot be routed on"),
+    ("x user=1", "optimized", "QA", "not a valid HTTP header name"),
+    ("x-user-group=a,,b", "optimized", "QA", "1..256 characters"),
+    ("x-user-group=" + ",".join(f"v{i}" for i in range(33)), "baseline", "QA",
+     "at most 32 header values"),
+    ("x-user-group=internal", "canary", "QA", "invalid choice"),
+    ("x-user-group=internal", "optimized", " ", "reason must not be empty"),
+    ("x-user-group=internal", "optimized", None, "--reason"),
+    (None, "optimized", "QA", "--header"),
+])
+def test_route_add_refuses_bad_input_in_one_line_and_writes_nothing(run, header, arm, reason,
+                                                                    message):
+    argv = ([] if header is None else ["--header", header]) + ["--arm", arm]
+    argv += [] if reason is None else ["--reason", reason]
+    result = run("route", "add", *argv)
+    assert result.code == 2
+    assert message in one_error_line(result)
+    assert run.state.revision == 0
+
+
+def test_route_add_of_a_value_routed_already_and_remove_of_an_unknown_id(run):
+    assert run("route", "add", "--header", "x-user-group=internal", "--arm", "optimized",
+               "--reason", "QA").code == 0
+    again = run("route", "add", "--header", "X-User-Group=internal", "--arm", "baseline",
+                "--reason", "again")
+    assert again.code == 2
+    assert one_error_line(again) == ("rollout: error: x-user-group: internal is already routed "
+                                     "by r1 (to optimized): remove it first")
+    unknown = run("route", "remove", "r9", "--reason", "oops")
+    assert unknown.code == 2
+    assert one_error_line(unknown) == "rollout: error: no route 'r9' (routes: r1)"
+    assert run.state.revision == 1
+
+
+def test_route_add_while_killed_warns(run):
+    run.setup("kill", "--reason", "stop")
+    result = run("route", "add", "--header", "x-user-group=internal", "--arm", "optimized",
+                 "--reason", "QA")
+    assert result.code == 0 and "kill switch is on" in result.err
+
+
+@pytest.mark.parametrize("command", [["route"], ["route", "add"], ["route", "list"],
+                                     ["route", "remove"]])
+def test_help_for_every_route_command(run, command):
+    result = run(*command, "--help", actor=None)
+    assert result.code == 0 and result.err == ""
+    assert result.out.startswith(f"usage: rollout {' '.join(command)}")
+    assert "examples:" in result.out and "rollout route" in result.out

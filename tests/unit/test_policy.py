@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rollout import BUCKETS, Arm, Reason, RolloutState, bucket_of, decide
+from rollout import BUCKETS, Arm, Reason, RolloutState, Route, bucket_of, decide
 
 KEYS_2K = [f"user-{i}" for i in range(2_000)]
 KEYS_10K = [f"req-{i:05d}" for i in range(10_000)]
@@ -171,3 +173,114 @@ def test_a_share_set_for_another_optimized_version_routes_nothing():
     assert decide(unbound, "k", serving="int8-new").arm.value == "optimized"
     killed = RolloutState(canary_bp=10_000, kill=True, optimized_version="int8-old")
     assert effective_bp(killed, serving="int8-new") == (0, Reason.KILL_SWITCH)
+
+
+# --- header routes and the operator override ----------------------------------------------------
+
+INTERNAL = {"x-user-group": "internal"}
+TO_OPTIMIZED = Route(id="r1", header="x-user-group", values=("internal", "qa"), arm="optimized")
+TO_BASELINE = Route(id="r2", header="x-tenant", values=("acme",), arm="baseline")
+
+
+def routed(bp: int = 0, *, kill: bool = False, routes=(TO_OPTIMIZED, TO_BASELINE),
+           **fields) -> RolloutState:
+    return RolloutState(canary_bp=bp, kill=kill, revision=1, routes=routes, **fields)
+
+
+def test_a_route_sends_its_requests_to_its_arm_whatever_the_share():
+    for key in KEYS_2K[:200]:
+        to_optimized = decide(routed(0), key, headers=INTERNAL)
+        assert (to_optimized.arm, to_optimized.reason, to_optimized.route) == (
+            Arm.OPTIMIZED, Reason.ROUTE, "r1")
+        assert to_optimized.label == "route:r1" and to_optimized.bucket == bucket_of(key)
+        pinned = decide(routed(BUCKETS), key, headers={"x-tenant": "acme"})
+        assert (pinned.arm, pinned.label) == (Arm.BASELINE, "route:r2")
+
+
+def test_the_first_matching_route_in_id_order_wins():
+    first = Route(id="r2", header="x-tenant", values=("acme",), arm="optimized")
+    later = Route(id="r10", header="x-user-group", values=("internal",), arm="baseline")
+    both = {"x-tenant": "acme", "x-user-group": "internal"}
+    assert decide(routed(routes=(first, later)), "k", headers=both).label == "route:r2"
+    assert decide(routed(routes=(first, later)), "k", headers=INTERNAL).label == "route:r10"
+
+
+def test_a_route_to_optimized_is_not_bound_to_the_shares_version():
+    """The version binding is the share's: an operator's route names the arm, not a share."""
+    state = routed(10_000, optimized_version="int8-old")
+    assert decide(state, "k", serving="int8-new", headers=INTERNAL).arm is Arm.OPTIMIZED
+    assert decide(state, "k", serving="int8-new").reason is Reason.VERSION_MISMATCH
+
+
+@pytest.mark.parametrize("override, expected", [("optimized", Arm.OPTIMIZED),
+                                                ("baseline", Arm.BASELINE)])
+def test_an_authorised_override_beats_routes_and_share(override, expected):
+    request = {"x-canary-arm-override": override, "x-user-group": "internal",
+               "x-tenant": "acme"}
+    for bp in (0, BUCKETS):
+        decision = decide(routed(bp), "k", headers=request, override_allowed=True)
+        assert (decision.arm, decision.reason, decision.label) == (expected, Reason.OVERRIDE,
+                                                                   "override")
+
+
+def test_an_override_that_is_not_authorised_or_names_no_arm_is_ignored():
+    """The gateway refuses both before routing (403 / 400); routing itself never trusts them."""
+    request = {"x-canary-arm-override": "optimized", "x-user-group": "internal"}
+    assert decide(routed(0), "k", headers=request).label == "route:r1"
+    assert decide(routed(0), "k", headers={"x-canary-arm-override": "optimized"}).label == "share"
+    nonsense = {"x-canary-arm-override": "nonsense"}
+    assert decide(routed(0), "k", headers=nonsense, override_allowed=True).label == "share"
+
+
+@pytest.mark.parametrize("request_headers, allowed", [
+    ({"x-canary-arm-override": "optimized"}, True), (INTERNAL, False),
+])
+def test_the_kill_switch_and_the_fail_safe_beat_routes_and_overrides(request_headers, allowed):
+    killed = decide(routed(BUCKETS, kill=True), "k", headers=request_headers,
+                    override_allowed=allowed, stale=True)
+    assert (killed.arm, killed.label) == (Arm.BASELINE, "kill-switch")
+    stale = decide(routed(BUCKETS), "k", headers=request_headers, override_allowed=allowed,
+                   stale=True)
+    assert (stale.arm, stale.label) == (Arm.BASELINE, "stale-state")
+
+
+_values = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
+_routes = st.lists(
+    st.tuples(st.sampled_from(["x-user-group", "x-tenant", "x-beta"]),
+              st.lists(_values, min_size=1, max_size=4, unique=True),
+              st.sampled_from(["baseline", "optimized"])),
+    max_size=6,
+)
+
+
+def _table(specs) -> tuple[Route, ...]:
+    routes, taken = [], set()
+    for header, values, arm in specs:
+        values = [v for v in values if (header, v) not in taken]
+        if values:
+            taken.update((header, v) for v in values)
+            routes.append(Route(id=f"r{len(routes) + 1}", header=header, values=tuple(values),
+                                arm=arm))
+    return tuple(routes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs=_routes, low=st.integers(0, BUCKETS), high=st.integers(0, BUCKETS),
+       keys=st.lists(st.text(min_size=0, max_size=20), min_size=1, max_size=60),
+       header=st.sampled_from(["x-user-group", "x-tenant", "x-other"]), value=_values)
+def test_requests_no_route_matches_keep_sticky_monotone_hashed_arms(specs, low, high, keys,
+                                                                   header, value):
+    """Routes change no unmatched request's arm: for every key, with routes or without, the
+    decision is the hashed one, so stickiness and monotone widening hold as before."""
+    low, high = sorted((low, high))
+    routes = _table(specs)
+    request = {header: value}
+    if any(route.matches(request) for route in routes):
+        request = {"x-unrouted": value}
+    for key in keys + KEYS_2K[:100]:
+        plain = [decide(state(bp), key) for bp in (low, high)]
+        with_routes = [decide(routed(bp, routes=routes), key, headers=request)
+                       for bp in (low, high)]
+        assert with_routes == plain  # same arm, bucket and reason as without routes
+        if with_routes[0].arm is Arm.OPTIMIZED:  # widening never moves a key back
+            assert with_routes[1].arm is Arm.OPTIMIZED
