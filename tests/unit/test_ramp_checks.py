@@ -210,3 +210,49 @@ def test_a_hanging_receiver_does_not_hold_the_other_checks(receiver):
         fast.close()
     assert [(r.name, r.status) for r in results] == [("hangs", "wait"), ("fast", "pass")]
     assert results[0].note == "no answer within 0.5s"
+
+
+# --- shown with the gates: `rollout ramp status` and the dashboard's panel ------------------------
+
+
+def test_status_and_the_dashboard_show_each_check_and_the_deadline(tmp_path, monkeypatch):
+    import io
+
+    from ops import cli
+    from rollout.ramp import RampController
+    from serve.dashboard.ramp import ramp_status
+    from tests.ramp_harness import Harness
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    h = Harness()
+    h.verdict()
+    h.controller = RampController(h.states, h.ramps, h.metrics, clock=h.clock, owner="c1",
+                                  checker=HttpChecker())
+    plan = tmp_path / "plan.yaml"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there: the check waits
+    plan.write_text("gates: {p99_ms: 500}\nprogress_deadline_s: 7200\non_deadline: pause\n"
+                    f"checks: [{{url: 'http://127.0.0.1:{port}/ok', name: budget, "
+                    "field: data.burn, max: 1}]\nsteps: [{percent: 10}, {percent: 100}]\n")
+
+    def rollout(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        code = cli.main(["--actor", "alice", *argv], store=h.states, clock=h.clock, stdout=out,
+                        stderr=err, ramps=h.ramps)
+        assert code == 0, err.getvalue()
+        return out.getvalue()
+
+    rollout("ramp", "start", str(plan), "--reason", "go")
+    h.healthy()
+    h.tick()  # advance to 10 %
+    assert h.tick().kind == "hold"
+    out = rollout("ramp", "status")
+    assert "a step held 2h past its soak is paused" in out
+    lines = out.splitlines()
+    rows = [line.split() for line in lines[lines.index("checks:") + 1:]]
+    assert rows[0] == ["CHECK", "VALUE", "EXPECTED", "STATUS"]
+    assert rows[1][:6] == ["budget", "-", "<=", "1", "wait", "(unreachable:"]
+    last = ramp_status(h.control)["last_evaluation"]
+    assert [(c["name"], c["status"], c["threshold"]) for c in last["checks"]] == [
+        ("budget", "wait", "<= 1")]
