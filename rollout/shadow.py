@@ -192,6 +192,13 @@ class ShadowStats:
             return None
         return (self.confident_pairs - self.confident_agreed) / self.confident_pairs
 
+    def confident_from(self, min_margin: float) -> tuple[int, int]:
+        """(pairs, agreed) of the pairs at a baseline margin >= `min_margin`, which must be a
+        bucket edge (MARGIN_EDGES); `confident_pairs` and `confident_agreed` are this at
+        CONFIDENT_MARGIN."""
+        cells = list(self.by_margin.values())[first_bucket_from(min_margin):]
+        return sum(pairs for _, pairs in cells), sum(agreed for agreed, _ in cells)
+
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
         out["confident_flip_rate"] = self.confident_flip_rate

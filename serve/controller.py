@@ -31,9 +31,10 @@ class RampControllerDeployment:
         self.ramps = open_ramp_store(control)
         self.telemetry = open_telemetry(control)
         windows = Windows(self.telemetry, settings.app_name)
+        metrics = WindowsMetrics(windows, settings.telemetry_window_ttl_s)  # the shadow horizon
         owner = f"{CONTROLLER}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.controller = RampController(
-            self.states, self.ramps, WindowsMetrics(windows), owner=owner,
+            self.states, self.ramps, metrics, owner=owner,
             interval_s=settings.ramp_interval_s, lease_ttl_s=settings.ramp_lease_ttl_s,
             audit_heartbeat_s=settings.ramp_audit_heartbeat_s, checker=HttpChecker(),
         )

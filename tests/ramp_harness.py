@@ -37,21 +37,26 @@ def stats(arm: str, requests: int = 0, *, error_rate: float = 0.0, timeout_rate:
 class ScriptedMetrics:
     """Answers what the test set; remembers every window it was asked for."""
 
+    horizon_s = 3_600
+
     def __init__(self):
         self.canary = stats("optimized")
         self.baseline = stats("baseline", 500)
-        self.pairs, self.lower_bound = 0, None
+        self.pairs, self.agreed = 0, 0
         self.confident_pairs, self.confident_flips = 0, 0
         self.asked: list[int] = []
+        self.shadow_asked: list[tuple[int, float | None]] = []  # (last_s, min_margin)
 
     def arm(self, arm, last_s):
         self.asked.append(last_s)
         return self.canary if arm == "optimized" else self.baseline
 
     def agreement(self, last_s):
-        return self.pairs, self.lower_bound
+        self.shadow_asked.append((last_s, None))
+        return self.pairs, self.agreed
 
-    def confident(self, last_s):
+    def confident(self, last_s, min_margin=0.05):
+        self.shadow_asked.append((last_s, min_margin))
         return self.confident_pairs, self.confident_flips
 
 

@@ -15,8 +15,13 @@ One evaluation (`evaluate`), in this order:
 3. Kill switch on: hold. Nothing else is judged, nothing is raised.
 4. Gates (once a step's share is set), over the step's last `window_s` seconds at most: each is
    `pass`, `fail`, `wait` (too few samples or shadow pairs to judge) or `n/a` (no baseline to
-   compare with). The two shadow gates need `min_agreement_pairs`: `agreement_lower_bound` all
-   shadow pairs, `confident_flip_rate` those at a baseline margin >= 0.05 (a flip there is
+   compare with). The two shadow gates judge every shadow pair since the step started (a
+   sample that only grows; at most the telemetry's retention, `metrics.horizon_s`) and need
+   `min_agreement_pairs`: `agreement_lower_bound` all shadow pairs, through an anytime-valid
+   95 % confidence sequence (rollout.agreement.agreement_cs: passes when its lower end reaches
+   the threshold, fails when its upper end is below it, else waits), so looking every few
+   seconds does not inflate the chance of passing a canary that is truly below the threshold;
+   `confident_flip_rate` those at a baseline margin >= `gates.min_margin` (a flip there is
    damage; one below is a near tie that only the overall agreement counts). A failing
    evaluation counts; the failure after `failures_tolerated` consecutive ones rolls back:
    share 0, status `aborted`, the failing gates as the reason. A passing evaluation resets the
@@ -51,9 +56,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.agreement import agreement_cs
 from rollout.ramp.checks import CheckResult, unanswered
 from rollout.ramp.metrics import RampMetrics
-from rollout.ramp.plan import RampPlan
+from rollout.ramp.plan import Gates, RampPlan
 from rollout.state import RolloutState, format_bp
 from rollout.verdict import Verdict
 
@@ -162,8 +168,40 @@ class Decision:
         }
 
 
-def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int) -> tuple[int, list[GateResult]]:
-    """Every gate of the plan over the last `window_s` seconds, and the canary's sample count."""
+def _agreement_gate(gates: Gates, metrics: RampMetrics, shadow_s: int, span: str) -> tuple:
+    """(value, threshold, bad, note) of `agreement_lower_bound`: the anytime-valid 95 %
+    confidence sequence (rollout.agreement.agreement_cs) over the step's shadow pairs. Its
+    lower end at or above the threshold passes, its upper end below it fails; a threshold
+    inside it waits for more pairs (None: neither side is proven yet)."""
+    threshold = gates.agreement_lower_bound
+    pairs, agreed = metrics.agreement(shadow_s)
+    lower, upper = agreement_cs(agreed, pairs, threshold)
+    if pairs < gates.min_agreement_pairs:
+        return (lower if pairs else None, threshold, None,
+                f"{pairs}/{gates.min_agreement_pairs} shadow pairs in {span}")
+    bad = False if lower >= threshold else True if upper < threshold else None
+    return lower, threshold, bad, (f"anytime 95% CS [{lower:.4f}, {upper:.4f}] of "
+                                   f"{agreed}/{pairs} agreed in {span}")
+
+
+def _confident_gate(gates: Gates, metrics: RampMetrics, shadow_s: int, span: str) -> tuple:
+    """(value, threshold, bad, note) of `confident_flip_rate`: the share of the step's shadow
+    pairs at a baseline margin >= `min_margin` whose labels differ."""
+    pairs, flips = metrics.confident(shadow_s, gates.min_margin)
+    where = f"at baseline margin >= {gates.min_margin:g} in {span}"
+    if pairs < gates.min_agreement_pairs:
+        return (flips / pairs if pairs else None, gates.confident_flip_rate, None,
+                f"{pairs}/{gates.min_agreement_pairs} confident shadow pairs {where}")
+    rate = flips / pairs
+    return rate, gates.confident_flip_rate, rate > gates.confident_flip_rate, \
+        f"{flips} of {pairs} flipped {where}"
+
+
+def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int,
+                step_s: int | None = None) -> tuple[int, list[GateResult]]:
+    """Every gate of the plan over the last `window_s` seconds, and the canary's sample count;
+    the two shadow gates judge the step's whole `step_s` seconds (capped at what the metrics
+    keep, `metrics.horizon_s`), a sample that only grows, as an anytime-valid bound needs."""
     gates = ramp.plan.gates
     canary, baseline = metrics.arm("optimized", window_s), metrics.arm("baseline", window_s)
     samples = canary.requests
@@ -181,24 +219,13 @@ def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int) -> tuple[int, l
             status = "fail" if bad else "pass"
         results.append(GateResult(name, value, threshold, status, note))
 
+    shadow_s = min(step_s or window_s, metrics.horizon_s)
+    span = (f"the last {shadow_s}s: telemetry retention" if step_s and step_s > shadow_s
+            else f"the step's {shadow_s}s")
     if gates.agreement_lower_bound is not None:
-        pairs, lower = metrics.agreement(window_s)
-        if lower is None or pairs < gates.min_agreement_pairs:
-            add("agreement_lower_bound", lower, gates.agreement_lower_bound, None,
-                f"{pairs}/{gates.min_agreement_pairs} shadow pairs")
-        else:
-            add("agreement_lower_bound", lower, gates.agreement_lower_bound,
-                lower < gates.agreement_lower_bound)
+        add("agreement_lower_bound", *_agreement_gate(gates, metrics, shadow_s, span))
     if gates.confident_flip_rate is not None:
-        pairs, flips = metrics.confident(window_s)
-        if pairs < gates.min_agreement_pairs:
-            add("confident_flip_rate", flips / pairs if pairs else None,
-                gates.confident_flip_rate, None,
-                f"{pairs}/{gates.min_agreement_pairs} confident shadow pairs")
-        else:
-            rate = flips / pairs
-            add("confident_flip_rate", rate, gates.confident_flip_rate,
-                rate > gates.confident_flip_rate, f"{flips} of {pairs} flipped")
+        add("confident_flip_rate", *_confident_gate(gates, metrics, shadow_s, span))
     if gates.error_rate_delta is not None:
         threshold = (baseline.error_rate or 0.0) + gates.error_rate_delta
         value = canary.error_rate or 0.0
@@ -280,8 +307,9 @@ def _evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *,
     if ramp.step >= 0:
         started = ramp.step_started_at if ramp.step_started_at is not None else now
         in_step = max(0.0, now - started)
-        window = max(1, min(ramp.plan.window_s, int(now) - int(started) + 1))
-        samples, gates = judge_gates(ramp, metrics, window)
+        step_s = max(1, int(now) - int(started) + 1)
+        window = min(ramp.plan.window_s, step_s)
+        samples, gates = judge_gates(ramp, metrics, window, step_s)
     results = _step_checks(ramp, checks)
     seen = dict(gates=tuple(gates), samples=samples, window_s=window, time_in_step_s=in_step,
                 verdict=verdict_facts, checks=results)

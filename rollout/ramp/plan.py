@@ -4,8 +4,9 @@
     failures_tolerated: 1    # consecutive failing evaluations before rolling back
     gates:
       min_samples: 20              # canary requests in the window before any gate is judged
-      agreement_lower_bound: 0.98  # online agreement (Wilson 95 % lower bound) >= X
-      confident_flip_rate: 0.0     # shadow pairs at baseline margin >= 0.05 that flipped <= C
+      agreement_lower_bound: 0.98  # online agreement (anytime 95 % CS lower bound) >= X
+      confident_flip_rate: 0.0     # shadow pairs at baseline margin >= min_margin flipped <= C
+      min_margin: 0.05             # a bucket edge: 0.005, 0.01, 0.02, 0.05 or 0.1
       min_agreement_pairs: 50      # shadow pairs needed to judge either agreement gate
       error_rate_delta: 0.01       # canary error rate <= baseline error rate + Y
       timeout_rate: 0.01           # canary timeout rate <= Z
@@ -35,11 +36,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollout.agreement import CONFIDENT_MARGIN, MARGIN_EDGES
 from rollout.errors import InvalidChange
 from rollout.ramp.checks import Check, FieldError
 from rollout.state import BUCKETS, parse_percent
 
 MAX_CHECKS = 20  # per list (the plan's, each step's)
+CONFIDENT_EDGES = tuple(edge for edge in MARGIN_EDGES if edge > 0)  # gates.min_margin values
 
 
 class PlanError(InvalidChange):
@@ -73,12 +76,23 @@ class Gates(BaseModel):
     min_samples: int = Field(10, ge=1, le=100_000_000)
     agreement_lower_bound: float | None = Field(None, ge=0, le=1)
     confident_flip_rate: float | None = Field(None, ge=0, le=1)
+    min_margin: float = Field(CONFIDENT_MARGIN, description="a flip at a baseline margin >= "
+                              "this counts in confident_flip_rate (a margin bucket edge)")
     min_agreement_pairs: int = Field(50, ge=1, le=100_000_000)
     error_rate_delta: float | None = Field(None, ge=0, le=1)
     timeout_rate: float | None = Field(None, ge=0, le=1)
     p99_ratio: float | None = Field(None, ge=1, le=1000)
     p99_ms: float | None = Field(None, gt=0, le=3_600_000)
     fallback_rate: float | None = Field(None, ge=0, le=1)
+
+    @field_validator("min_margin")
+    @classmethod
+    def _margin_edge(cls, value: float) -> float:
+        """The shadow counters keep pairs per margin bucket: only an edge splits them."""
+        if value not in CONFIDENT_EDGES:
+            raise ValueError(f"{value:g} is not a margin bucket edge: use one of "
+                             f"{', '.join(f'{e:g}' for e in CONFIDENT_EDGES)}")
+        return value
 
     @model_validator(mode="after")
     def _some_gate(self):

@@ -8,8 +8,10 @@ from rollout import Thresholds, judge
 from rollout.agreement import (
     MARGIN_EDGES,
     Pair,
+    agreement_cs,
     bucket_label,
     bucket_of,
+    cs_prior,
     first_bucket_from,
     margins,
     percentile,
@@ -157,3 +159,67 @@ def test_judge_lists_every_missed_threshold():
     assert "speedup 1.20x < 1.8x" in failures
     # an unmeasured speed (verify --no-speed) or cosine (a classifier) is not judged
     assert judge(rules, agreement=1.0, lower_bound=0.995, speedup=None, cosine_p1=None) == []
+
+
+# --- the anytime-valid confidence sequence (the ramp's agreement gate) -------------------------
+
+
+def _cs_by_bisection(agreed: int, n: int, centre: float) -> tuple[float, float]:
+    """The set {p : M_n(p) < 20} of agreement_cs's docstring, by a slow bisection of its own."""
+    a, b = cs_prior(centre)
+    failed = n - agreed
+    log_beta = lambda x, y: math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)  # noqa: E731
+    floor = log_beta(a + agreed, b + failed) - log_beta(a, b) - math.log(20)
+
+    def inside(p: float) -> bool:
+        if p in (0.0, 1.0):
+            return (agreed if p == 0 else failed) == 0 and floor < 0
+        return agreed * math.log(p) + failed * math.log1p(-p) > floor
+
+    def edge(outside: float, within: float) -> float:
+        for _ in range(200):
+            mid = (outside + within) / 2
+            outside, within = (outside, mid) if inside(mid) else (mid, within)
+        return outside
+
+    return edge(0.0, agreed / n), edge(1.0, agreed / n)
+
+
+@pytest.mark.parametrize(("agreed", "n", "centre"), [
+    (995, 1000, 0.98), (0, 10, 0.98), (10, 10, 0.98), (4900, 5000, 0.98), (1, 2, 0.5),
+    (999_000, 1_000_000, 0.999), (3, 50, 0.0), (50, 50, 1.0), (1, 1, 0.98), (0, 1, 0.98),
+])
+def test_the_confidence_sequence_is_the_mixture_set_rounded_outwards(agreed, n, centre):
+    lower, upper = agreement_cs(agreed, n, centre)
+    want_lower, want_upper = _cs_by_bisection(agreed, n, centre)
+    assert want_lower - 1e-9 <= lower <= want_lower  # never inside the set
+    assert want_upper <= upper <= want_upper + 1e-9
+
+
+def test_the_confidence_sequence_is_wider_than_one_wilson_interval_and_shrinks():
+    """Valid at every look at once costs width: wider than Wilson at one n, still tightening."""
+    lower, upper = agreement_cs(995, 1000, 0.98)
+    wilson_low, wilson_high = wilson_interval(995, 1000)
+    assert lower < wilson_low and upper > wilson_high
+    assert lower == pytest.approx(0.985, abs=5e-4)  # passes 0.98 at 1,000 pairs of 99.5 %
+    assert agreement_cs(9950, 10_000, 0.98)[0] > lower
+    assert agreement_cs(0, 0, 0.98) == (0.0, 1.0)
+    assert agreement_cs(10, 10, 0.98)[1] == 1.0 and agreement_cs(0, 10, 0.98)[0] == 0.0
+    assert agreement_cs(995, 1000, 0.98, alpha=0.01)[0] < lower
+
+
+def test_the_confidence_sequence_refuses_impossible_counts():
+    for bad in ((11, 10), (-1, 10)):
+        with pytest.raises(ValueError, match="agreed <= n"):
+            agreement_cs(*bad, 0.98)
+    with pytest.raises(ValueError, match="alpha"):
+        agreement_cs(1, 2, 0.98, alpha=1.0)
+    with pytest.raises(ValueError, match="centre"):
+        agreement_cs(1, 2, 1.5)
+
+
+def test_the_mixing_prior_is_centred_on_the_threshold():
+    assert cs_prior(0.98) == pytest.approx((49.0, 1.0))
+    assert cs_prior(1.0) == (50.0, 0.5) and cs_prior(0.0) == (0.5, 50.0)
+    with pytest.raises(ValueError):
+        cs_prior(0.5, weight=0)

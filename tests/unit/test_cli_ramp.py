@@ -89,13 +89,18 @@ def test_status_lists_the_confident_flip_gate_with_its_counts(run, tmp_path):
     h.tick()
     _, out, _ = run("ramp", "status")
     gate_lines = [line.split() for line in out.splitlines() if line.startswith("  ")]
-    assert ["confident_flip_rate", "0", "0", "wait", "(40/100", "confident", "shadow",
-            "pairs)"] in gate_lines
+    [line] = [line for line in gate_lines if line[0] == "confident_flip_rate"]
+    assert line[:-1] == ["confident_flip_rate", "0", "0", "wait", "(40/100", "confident",
+                         "shadow", "pairs", "at", "baseline", "margin", ">=", "0.05", "in",
+                         "the", "step's"]
     h.metrics.confident_pairs = 300
     h.tick()
     _, out, _ = run("ramp", "status")
     gate_lines = [line.split() for line in out.splitlines() if line.startswith("  ")]
-    assert ["confident_flip_rate", "0", "0", "pass", "(0", "of", "300", "flipped)"] in gate_lines
+    [line] = [line for line in gate_lines if line[0] == "confident_flip_rate"]
+    assert line[:-1] == ["confident_flip_rate", "0", "0", "pass", "(0", "of", "300", "flipped",
+                         "at", "baseline", "margin", ">=", "0.05", "in", "the", "step's"]
+    assert line[-1].endswith("s)")
 
 
 def test_status_json(run, plan):
