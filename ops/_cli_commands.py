@@ -21,6 +21,7 @@ from ops._cli_format import (
     one_line,
     status_rows,
     table,
+    webhook_lines,
     when,
 )
 from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
@@ -130,6 +131,10 @@ def _status(ctx: _Context) -> int:
     if shadow is not None:
         ctx.say("")
         for line in shadow_lines(shadow):
+            ctx.say(line)
+    if status.webhooks is not None:
+        ctx.say("")
+        for line in webhook_lines(status.webhooks, now):
             ctx.say(line)
     return 0
 

@@ -111,6 +111,16 @@ def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list
     return rows
 
 
+def webhook_lines(health: dict, now: float) -> list[str]:
+    """The notifications' counters (rollout.events.webhook_health), then a WARNING line for
+    each problem: deliveries failing now, events given up or dropped in the last day."""
+    line = (f"webhooks: {health['delivered']} delivered, {health['failed_attempts']} failed "
+            f"attempts, {health['given_up']} given up, {health['dropped']} dropped")
+    if health["last_delivered_ts"]:
+        line += f" (last delivered {age(now - health['last_delivered_ts'])} ago)"
+    return [line] + [f"WARNING: {one_line(text)}" for text in health["warnings"]]
+
+
 def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     """Left-aligned columns separated by two spaces; the last column is not padded."""
     cells = [list(headers)] + [[one_line(cell) for cell in row] for row in rows]

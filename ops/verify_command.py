@@ -44,6 +44,7 @@ def verify(ctx, settings: Settings) -> int:
         try:
             ctx.rollout.store.put_verdict(verdict)
             stored = True
+            _audit_verdict(ctx.rollout.store, verdict)
         except StoreUnavailable as exc:
             store_error = exc
     if args.json:
@@ -56,3 +57,15 @@ def verify(ctx, settings: Settings) -> int:
     if store_error is not None:
         raise StoreUnavailable(f"the verdict was not stored: {store_error}")
     return 0 if verdict.passed else 1
+
+
+def _audit_verdict(store, verdict: Verdict) -> None:
+    """A `verify-verdict` note in the audit stream (the notification of a stored verdict)."""
+    outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
+    store.note(
+        ts=verdict.at, actor=verdict.by or "rollout-verify", action="verify-verdict",
+        reason=f"verify {outcome} (agreement {verdict.agreement:.4f} over {verdict.n} inputs)",
+        detail={"passed": verdict.passed, "baseline_version": verdict.baseline_version,
+                "optimized_version": verdict.optimized_version, "recipe": verdict.recipe,
+                "failures": list(verdict.failures)},
+    )

@@ -148,6 +148,10 @@ class RedisStateStore(StateStore):
             rows = self._call(self._client.xrange, self.audit_key)
         return [_entry(entry_id, fields) for entry_id, fields in rows]
 
+    def audit_after(self, entry_id, count):
+        rows = self._call(self._client.xrange, self.audit_key, min=f"({entry_id}", count=count)
+        return [_entry(entry_id, fields) for entry_id, fields in rows]
+
     def state_at(self, revision):
         raw = self._call(self._client.hget, self.history_key, str(revision))
         if not raw:

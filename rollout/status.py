@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from rollout.clock import Clock, SystemClock
 from rollout.control import DEPLOYMENT_TTL_S
 from rollout.errors import RevisionNotFound, StoreUnavailable
+from rollout.events import webhook_health
+from rollout.redis_layout import Keys
 from rollout.shadow import ShadowStats
 from rollout.state import DeploymentReport, RolloutState
 from rollout.store import StateStore
@@ -37,6 +39,7 @@ class Status:
     shadow: ShadowStats | None = None  # online agreement of shadow comparisons
     telemetry: bool = False  # whether a telemetry source was read
     audited: bool = True  # the state is the one its revision's audit entry recorded
+    webhooks: dict | None = None  # rollout.events.webhook_health; None: nothing ever sent
 
     def silent(self, report: DeploymentReport) -> bool:
         """A gateway whose last report is older than DEPLOYMENT_TTL_S."""
@@ -60,6 +63,8 @@ class Status:
             gateways.append(row)
         doc.update(canary_percent=state.canary_percent, effective_percent=state.effective_bp / 100,
                    gateways=gateways, audited=self.audited)
+        if self.telemetry:
+            doc["webhooks"] = self.webhooks
         if self.telemetry:
             arms = self.traffic
             doc["traffic"] = {
@@ -89,7 +94,16 @@ def read_status(
     except StoreUnavailable as exc:
         problem = str(exc)
     return Status(state, reports, now, window_s, traffic, problem, shadow, telemetry=True,
-                  audited=audited)
+                  audited=audited, webhooks=_webhooks(telemetry, app, now))
+
+
+def _webhooks(source: HashSource, app: str, now: float) -> dict | None:
+    """The notification counters (serve.webhooks); None when unreadable or never written."""
+    try:
+        counters = source.hashes([Keys(app).webhooks])[0]
+    except StoreUnavailable:
+        return None
+    return webhook_health(counters, now)
 
 
 def _audited(store: StateStore, state: RolloutState) -> bool:

@@ -79,6 +79,11 @@ class StateStore(abc.ABC):
         """The latest verdict for exactly this version pair, or None."""
         raise NotImplementedError(f"{type(self).__name__} keeps no verdicts")
 
+    def audit_after(self, entry_id: str, count: int) -> list[AuditEntry]:
+        """At most `count` audit entries after the one with id `entry_id` ("0-0": from the
+        first), oldest first: how the notifier (serve.notify) tails the stream."""
+        raise NotImplementedError(f"{type(self).__name__} cannot tail its audit")
+
     def note(self, *, ts: float, actor: str, action: str, reason: str,
              detail: dict | None = None) -> None:
         """Append an audit entry that changes nothing (e.g. a ramp evaluation): its revision is
@@ -90,6 +95,12 @@ class StateStore(abc.ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """A Redis stream id ("<ms>-<seq>") as a tuple that orders like the stream."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def check_successor(before: RolloutState, after: RolloutState) -> None:
@@ -168,6 +179,12 @@ class MemoryStateStore(StateStore):
         with self._changed:
             entries = list(self._audit)
         return entries[-last:] if last else entries
+
+    def audit_after(self, entry_id, count):
+        after = _stream_id(entry_id)
+        with self._changed:
+            entries = [e for e in self._audit if _stream_id(e.id) > after]
+        return entries[:count]
 
     def state_at(self, revision):
         with self._changed:

@@ -49,11 +49,13 @@ class StateWatcher:
         clock: Clock | None = None,
         heartbeat: Callable[[], object] | None = None,
         heartbeat_s: float = 10.0,
+        on_stale: Callable[[bool, StateView], object] | None = None,
     ):
         """`heartbeat` runs in the watcher thread when it (re)subscribes and then at least every
         `heartbeat_s`: the gateway reports what it serves there, so a Redis restarted empty
         learns it again. A RolloutError from it is logged like a failed refresh; it never stops
-        the watcher."""
+        the watcher. `on_stale(stale, view)` runs in the watcher thread when the view turns
+        stale and when it is fresh again (the gateway's store-outage notifications)."""
         if staleness_s <= poll_s:
             raise ValueError("staleness_s must be longer than poll_s")
         self.store = store
@@ -62,6 +64,8 @@ class StateWatcher:
         self.clock = clock or SystemClock()
         self.heartbeat = heartbeat
         self.heartbeat_s = heartbeat_s
+        self.on_stale = on_stale
+        self._was_stale = False
         self._beat_at: float | None = None
         self._state = RolloutState()
         self._read_at: float | None = None
@@ -143,6 +147,19 @@ class StateWatcher:
         except RolloutError as exc:
             log.warning("heartbeat failed (serving goes on): %s", exc)
 
+    def check_stale(self) -> None:
+        """Call `on_stale` when the view's staleness changed since the last check."""
+        if self.on_stale is None:
+            return
+        view = self.view()
+        if view.stale == self._was_stale:
+            return
+        self._was_stale = view.stale
+        try:
+            self.on_stale(view.stale, view)
+        except Exception:  # a notification must never stop the watcher
+            log.exception("on_stale hook failed")
+
     def _run(self) -> None:
         subscription: Subscription | None = None
         while not self._stop.is_set():
@@ -160,5 +177,6 @@ class StateWatcher:
                     subscription = None
                 self._stop.wait(min(self.poll_s, 0.5))
             self.refresh()
+            self.check_stale()
         if subscription is not None:
             subscription.close()

@@ -7,6 +7,8 @@ Redis user, which may change the rollout state; the gateway's user may not). Exa
 controller per application is active whatever the replica count: a Redis lease decides, and a
 replica that dies loses it after `ramp_lease_ttl_s`. Serve's health check restarts a replica
 whose loop has stopped. The plans' HTTP checks are fetched by serve.checks.HttpChecker.
+With `CANARY_WEBHOOK_URLS` set, the replica holding the lease also tails the audit stream into
+webhooks (serve.notify), in a thread of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ray import serve
 from rollout import Settings, Windows, open_store, open_telemetry
 from rollout.ramp import CONTROLLER, RampController, WindowsMetrics, open_ramp_store
 from serve.checks import HttpChecker
+from serve.notify import start_notifications
 
 
 @serve.deployment(name="ramp-controller", num_replicas=1, max_ongoing_requests=8)
@@ -42,10 +45,14 @@ class RampControllerDeployment:
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),
                                        name="ramp-controller", daemon=True)
         self.thread.start()
+        self.notifications = start_notifications(  # serve.notify: audit -> webhooks
+            control, self.states, leader=lambda: self.ramps.holder() == owner, stop=self.stop)
 
     def check_health(self) -> None:
         if not self.thread.is_alive():
             raise RuntimeError("the ramp controller loop has stopped")
+        if self.notifications is not None and not self.notifications.thread.is_alive():
+            raise RuntimeError("the notifications loop has stopped")
 
     def info(self) -> dict:
         """Who this replica is, who holds the lease, and how many evaluations it ran."""
@@ -58,5 +65,7 @@ class RampControllerDeployment:
             return
         stop.set()
         self.thread.join(timeout=5)  # the loop releases the lease on its way out
+        if getattr(self, "notifications", None) is not None:
+            self.notifications.close()
         for store in (self.states, self.ramps, self.telemetry):
             store.close()

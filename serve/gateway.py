@@ -64,6 +64,7 @@ from serve.errors import (
 )
 from serve.idempotent import REPLAYED, Idempotency
 from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE, receive_body
+from serve.notify import RedisLedger, StoreOutageNotifier
 from serve.observe import Observation, Observer
 from serve.override import override_allowed
 from serve.preprocess import Preprocessor
@@ -71,6 +72,7 @@ from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, reques
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
 from serve.variants import check_labels
+from serve.webhooks import sender_from
 
 log = logging.getLogger("canary.gateway")
 
@@ -194,11 +196,17 @@ class Gateway(DashboardRoutes):
         self.retry_budget = RetryBudget(
             ratio=settings.retry_budget_ratio, min_per_s=settings.retry_budget_min_per_s
         )
+        # store-stale / store-recovered webhooks, sent by this replica (serve.notify)
+        self.notifier = sender_from(settings, RedisLedger(
+            settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s),
+            name="gateway-webhooks")
         self.watcher = StateWatcher(
             self.store,
             poll_s=settings.state_poll_s,
             staleness_s=settings.state_staleness_s,
             heartbeat=self._report,
+            on_stale=StoreOutageNotifier(self.notifier, settings.app_name, self.identity)
+            if self.notifier else None,
         )
         self.watcher.start()
 
@@ -225,6 +233,9 @@ class Gateway(DashboardRoutes):
         watcher = getattr(self, "watcher", None)
         if watcher is not None:
             watcher.stop(timeout=1)
+        notifier = getattr(self, "notifier", None)
+        if notifier is not None:
+            notifier.close(timeout_s=1)
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.shutdown()

@@ -178,6 +178,16 @@ class StoreContract:
         assert [e.revision for e in store.audit(last=50)] == [1, 2, 3, 4, 5]
         assert [e.after.canary_bp for e in store.audit(last=3)] == [3, 4, 5]
 
+    def test_audit_after_tails_the_stream_from_an_entry_id(self, store):
+        assert store.audit_after("0-0", 10) == []
+        for bp in range(1, 6):
+            write(store, canary_bp=bp)
+        entries = store.audit()
+
+        assert store.audit_after("0-0", 10) == entries
+        assert [e.revision for e in store.audit_after(entries[1].id, 2)] == [3, 4]
+        assert store.audit_after(entries[-1].id, 10) == []
+
     # --- change notifications ----------------------------------------------------------------
 
     def test_a_note_is_audited_without_changing_the_state(self, store):

@@ -62,6 +62,7 @@ class Held:
     unaudited: int  # evaluations since then that were not written
     period_start: float  # the heartbeat period whose outcome changes are counted
     changes: int  # outcome changes written in that period
+    stalled: bool = False  # this step's `ramp-stalled` note was written (once per stall)
 
     @classmethod
     def start(cls, outcome: str, now: float) -> Held:
@@ -103,6 +104,19 @@ def summarise(previous: Held | None, outcome: str, now: float,
 
 def _written(held: Held, now: float, **changes) -> Held:
     return replace(held, audited_at=now, unaudited=0, **changes)
+
+
+def stalled(decision: Decision) -> bool:
+    """A held evaluation past its step's soak time (or before the first step): what holds the
+    ramp is not the soak but something that needs a person (a verdict, an approval, the kill
+    switch, the versions, traffic). A paused ramp is held on purpose, not stalled. The same
+    rule as rollout.ramp.control.RampView.stalled."""
+    ramp = decision.ramp
+    if decision.kind not in HELD_KINDS or ramp.status == "paused":
+        return False
+    if ramp.step < 0:
+        return True
+    return (decision.time_in_step_s or 0.0) >= ramp.plan.steps[ramp.step].min_duration_s
 
 
 def heartbeat_reason(reason: str, previous: Held, held: Held) -> str:

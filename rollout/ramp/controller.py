@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from dataclasses import replace
 
 from rollout.clock import Clock, SystemClock
 from rollout.control import Rollout
 from rollout.errors import RevisionConflict, RolloutError
-from rollout.ramp.audit import Held, heartbeat_reason, outcome, summarise
+from rollout.ramp.audit import Held, heartbeat_reason, outcome, stalled, summarise
 from rollout.ramp.checks import Checker, CheckResult, run_checks
 from rollout.ramp.machine import CONTROLLER, Decision, Ramp, evaluate
 from rollout.ramp.metrics import RampMetrics
@@ -106,9 +107,24 @@ class RampController:
         reason = decision.reason
         if why == "heartbeat":
             reason = heartbeat_reason(reason, previous, held)
+        if not held.stalled and stalled(decision):
+            held = replace(held, stalled=True)
+            self._note_stalled(decision, now)
         self.ramps.record(ts=now, actor=CONTROLLER, action=decision.action, reason=reason,
                           detail=dict(decision.detail(), held=held.as_dict()),
                           audit=why is not None)
+
+    def _note_stalled(self, decision: Decision, now: float) -> None:
+        """Audit (once per stall: rollout.ramp.audit.Held.stalled) that a held ramp passed its
+        step's soak time: the `ramp-stalled` notification."""
+        ramp = decision.ramp
+        where = f"step {ramp.step + 1}" if ramp.step >= 0 else "before its first step"
+        self.states.note(
+            ts=now, actor=CONTROLLER, action="ramp-stalled",
+            reason=f"held {where} past its soak time: {decision.reason}",
+            detail={"step": ramp.step, "status": ramp.status, "decision": decision.kind,
+                    "time_in_step_s": decision.time_in_step_s},
+        )
 
     def _move(self, decision: Decision, revision: int) -> bool:
         """Set the decided share; False when an advance lost to a concurrent change."""

@@ -36,7 +36,9 @@ def test_a_ramp_held_for_an_hour_writes_one_entry_plus_a_heartbeat_every_5_minut
     h = held_by_a_failing_verdict()
     decisions = [h.tick(INTERVAL_S) for _ in range(HOUR)]
     assert {d.kind for d in decisions} == {"hold"} and h.ramp.step == -1
-    written = entries(h)
+    stalls = [e for e in entries(h) if e.action == "ramp-stalled"]
+    assert len(stalls) == 1 and stalls[0].ts == entries(h)[0].ts  # once per stall, at once
+    written = [e for e in entries(h) if e.action != "ramp-stalled"]
     assert len(written) <= 1 + 3600 / HEARTBEAT_S  # instead of 720
     assert len(written) == 12  # t = 5 s, then every 300 s up to 3305 s
     assert written[0].reason.startswith("hold: the verify verdict failed")
