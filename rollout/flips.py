@@ -16,7 +16,8 @@ Storage (rollout.redis_telemetry, written through the telemetry sink, off the re
 the stream `rollout:<app>:flips` (Keys.flips), one entry per flip, bounded three ways: XADD
 with `MAXLEN ~ max` (Redis trims whole nodes, so the stream holds about `max` entries, never
 more than `max` plus one node of 100), XTRIM `MINID` at the oldest entry still within `ttl_s`
-of the newest flip's time, and EXPIRE `ttl_s` so the key disappears when nothing new comes.
+of the newest flip's time (entry ids are Redis's clock, flip times the gateway's: they agree
+to far less than a TTL), and EXPIRE `ttl_s` so the key disappears when nothing new comes.
 `MemoryFlips` is the in-memory twin with the same bounds (exact).
 
 Export (`to_regression_row`): the regression-set format of serve.regression, one JSON object
