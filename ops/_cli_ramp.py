@@ -139,8 +139,11 @@ def _status(ctx, view: RampView) -> int:
     for label, value in rows:
         ctx.say(f"{label:<{width}}  {value}")
     if last and last.get("gates"):
+        from rollout.ramp.machine import SHADOW_GATES
+
+        shadow = any(g["name"] in SHADOW_GATES for g in last["gates"])
         ctx.say(f"gates over the last {last.get('window_s')}s ({last.get('samples')} canary "
-                "samples):")
+                "samples" + ("; the shadow gates over the whole step" if shadow else "") + "):")
         cells = [(g["name"], _num(g["value"]), _num(g["threshold"]), g["status"] +
                   (f" ({g['note']})" if g.get("note") else "")) for g in last["gates"]]
         for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells):

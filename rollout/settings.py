@@ -281,7 +281,8 @@ class Settings(BaseSettings):
     )
     telemetry_trace_ttl_s: int = Field(3_600, ge=10, le=30 * 86_400)
     telemetry_window_ttl_s: int = Field(
-        3_600, ge=60, le=30 * 86_400, description="how long per-arm 1-second windows are kept"
+        3_600, ge=60, le=30 * 86_400, description="how long per-arm 1-second windows are kept "
+        "(also the longest stretch of a ramp step its shadow gates can judge)"
     )
     request_log: bool = Field(True, description="one JSON line per request on stderr")
     device_hour_price: float = Field(
