@@ -380,3 +380,24 @@ def test_export_to_an_unwritable_path_and_bad_arguments_are_usage_errors(flips, 
     assert code == 2 and stderr.startswith("rollout: error: cannot write")
     code, _, stderr = run("flips", "--last", "0", telemetry=flips)
     assert code == 2 and "--last" in stderr
+
+
+def test_rollout_verify_replays_an_exported_file(flips, tmp_path, monkeypatch):
+    """The workflow's last step: `rollout verify --set flips.jsonl` on the tiny encoder."""
+    from tests.tiny_model import make_tiny_encoder
+
+    for name in list(__import__("os").environ):
+        if name.startswith("CANARY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("CANARY_MODEL_PATH", str(make_tiny_encoder(tmp_path / "tiny")))
+    monkeypatch.setenv("CANARY_TORCH_THREADS", "1")
+    monkeypatch.setenv("CANARY_VERIFY_MIN_LOWER_BOUND", "0")
+    path = tmp_path / "flips.jsonl"
+    assert run("flips", "--export", str(path), telemetry=flips)[0] == 0
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = cli.main(["verify", "--set", str(path), "--recipe", "fp32", "--no-speed",
+                     "--no-store", "--json", "--quiet"], store=MemoryStateStore(),
+                    clock=FakeClock(NOW), stdout=stdout, stderr=stderr)
+    doc = json.loads(stdout.getvalue())
+    assert code == 0, stderr.getvalue()
+    assert doc["n"] == 3 and doc["agreement"] == 1.0  # fp32 against itself: no flip left
