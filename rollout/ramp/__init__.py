@@ -1,7 +1,8 @@
 """The progressive ramp: a plan of steps and gates (plan), the state machine that judges it
-(machine), where it is kept (store, redis_store), the operators' actions (control) and the
-server-side loop that applies it (controller)."""
+(machine), its HTTP checks (checks), where it is kept (store, redis_store), the operators'
+actions (control) and the server-side loop that applies it (controller)."""
 
+from rollout.ramp.checks import Check, Checker, CheckResult
 from rollout.ramp.control import RampControl, RampView
 from rollout.ramp.controller import RampController
 from rollout.ramp.machine import CONTROLLER, Decision, GateResult, Ramp, evaluate
@@ -10,7 +11,8 @@ from rollout.ramp.plan import Gates, PlanError, RampPlan, Step, load_plan, parse
 from rollout.ramp.store import MemoryRampStore, RampStore
 
 __all__ = [
-    "CONTROLLER", "Decision", "GateResult", "Gates", "MemoryRampStore", "PlanError", "Ramp",
+    "CONTROLLER", "Check", "CheckResult", "Checker", "Decision", "GateResult", "Gates",
+    "MemoryRampStore", "PlanError", "Ramp",
     "RampControl", "RampController", "RampMetrics", "RampPlan", "RampStore", "RampView", "Step",
     "WindowsMetrics", "evaluate", "load_plan", "open_ramp_store", "parse_plan", "read_plan",
 ]
