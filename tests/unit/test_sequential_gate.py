@@ -189,3 +189,30 @@ def test_the_confident_flip_gate_counts_from_min_margin(min_margin, verdict, not
     decision = h.run_until(verdict)
     [gate] = decision.gates
     assert gate.name == "confident_flip_rate" and gate.note.startswith(note)
+
+
+# --- what operators see ---------------------------------------------------------------------------
+
+
+def test_the_dashboard_ramp_panel_gets_both_shadow_gates_with_what_they_are():
+    from pathlib import Path
+
+    from rollout.ramp import RampControl
+    from rollout.ramp.machine import SHADOW_GATES
+    from serve.dashboard.ramp import ramp_status
+
+    h = agreement_harness(confident_flip_rate=0.005, min_margin=0.02)
+    h.metrics.pairs, h.metrics.agreed = 2_400, 2_392
+    h.metrics.confident_pairs, h.metrics.confident_flips = 1_310, 1
+    h.tick()
+    last = ramp_status(RampControl(h.states, h.ramps, h.clock))["last_evaluation"]
+    gates = {g["name"]: g for g in last["gates"]}
+    agreement, flips = gates["agreement_lower_bound"], gates["confident_flip_rate"]
+    assert agreement["value"] == agreement_cs(2_392, 2_400, 0.98)[0]
+    assert agreement["status"] == "pass"
+    assert agreement["note"].startswith("anytime 95% CS [")
+    assert flips["value"] == pytest.approx(1 / 1_310)
+    assert flips["note"].startswith("1 of 1310 flipped at baseline margin >= 0.02 in the step's")
+    script = (Path(__file__).parents[2] / "serve/dashboard/static/app.js").read_text()
+    hints = script[script.index("const GATE_HINTS"):]
+    assert all(f"{name}:" in hints[:hints.index("};")] for name in SHADOW_GATES)

@@ -111,6 +111,11 @@ function renderAgreement(a) {
 // --- ramp: `rollout ramp status --json` plus `active` ----------------------------------------
 
 const GATE_OPS = { agreement_lower_bound: "≥" };
+// what the two shadow gates' values are (their notes give the counts and the window)
+const GATE_HINTS = {
+  agreement_lower_bound: "agreement: lower end of an anytime-valid 95 % confidence sequence over the step",
+  confident_flip_rate: "flips / pairs at baseline margin ≥ min_margin over the step",
+};
 
 function renderRamp(r) {
   const body = $("ramp-body");
@@ -149,6 +154,7 @@ function renderRamp(r) {
     const tr = row([g.name, g.value === null ? "–" : +(+g.value).toPrecision(4), GATE_OPS[g.name] || "≤",
       g.threshold === null ? "–" : +(+g.threshold).toPrecision(4), g.status + (g.note ? ` (${g.note})` : "")]);
     tr.className = "gate " + (g.status === "fail" ? "fail" : g.status === "pass" ? "pass" : "");
+    if (GATE_HINTS[g.name]) tr.firstChild.title = GATE_HINTS[g.name];
     return tr;
   }));
   // HTTP checks (plan `checks`): shown with the gates, their threshold is a text ("status 200")
