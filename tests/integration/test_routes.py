@@ -164,3 +164,42 @@ def test_the_readme_redis_cli_kill_keeps_the_routes(redis_url, store, watcher, w
         (r.header, r.values, r.arm) for r in before.routes]
     unkilled, modules = run(redis_url, "unkill", "--reason", "recorded", app=app)
     assert ok(unkilled) and store(app).get().routes == state.routes
+
+
+# --- the dashboard ------------------------------------------------------------------------------
+
+
+def test_the_dashboard_lists_the_routes(gw, routes, dashboard_page):
+    from playwright.sync_api import expect
+
+    table = dashboard_page.locator("#routes")
+    expect(table).to_contain_text("none: every request is routed by the share")
+    routes.add_route("x-user-group", ["internal", "qa"], "optimized", actor="test",
+                     reason="QA on the candidate")
+    expect(table.locator("tr").nth(1)).to_contain_text("r1x-user-groupinternal, qaoptimized")
+    expect(table).to_contain_text("QA on the candidate")
+    expect(table).to_contain_text("applied")
+    assert dashboard_page.errors == []
+
+
+@pytest.fixture
+def dashboard_page(gw):
+    """The dashboard in Debian's headless Chromium (as tests/integration/test_dashboard_browser)."""
+    import shutil
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.integration.test_dashboard_browser import FLAGS, TIMEOUT_MS
+
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert executable, "Debian's chromium is missing: run ops/setup.sh"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=FLAGS)
+        tab = browser.new_page()
+        tab.set_default_timeout(TIMEOUT_MS)
+        tab.errors = []
+        tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
+        tab.goto(gw.url + "/dashboard")
+        expect(tab.locator("#live")).to_have_text("live")
+        yield tab
+        browser.close()

@@ -68,6 +68,13 @@ function renderStatus(s) {
     }));
   if (traffic.error) $("arms").appendChild(row([`telemetry unavailable: ${traffic.error}`]));
 
+  // header routes (`rollout route add|list|remove`), tried in id order before the share
+  const applied = s.routing.routes_applied ? "applied" : "not applied (kill switch or stale state)";
+  fill($("routes"), ["id", "header", "values", "arm", "added", "by", "reason", "here"],
+    (s.routes || []).map(r => row([r.id, r.header, r.values.join(", "), r.arm, when(r.created_at),
+      r.created_by, r.reason, applied])));
+  if (!(s.routes || []).length) $("routes").appendChild(row(["none: every request is routed by the share"]));
+
   fill($("gateways"), ["gateway", "optimized", "baseline", "revision", "seen", "note"],
     (s.gateways || []).map(g => row([g.gateway, g.optimized_version, g.baseline_version, g.state_revision,
       `${Math.round(g.age_s)} s ago`,
