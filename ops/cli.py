@@ -9,6 +9,7 @@
     rollout traces [--last N | --request-id ID | --trace-id ID] [--json]
     rollout verify [--recipe NAME] [--set PATH] [--limit N] [--json]
     rollout ramp start PLAN.yaml [--force] | status | pause | resume | approve | abort
+    rollout flips [--last N] [--json] [--export FILE]   what the arms disagreed on
     rollout route add --header NAME=VALUE[,VALUE...] --arm ARM --reason TEXT | list | remove ID
 
 Safe by default: every change names a reason and an actor and lands in the audit log; a change

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "rollout.clock": ("Clock", "FakeClock", "SystemClock"),
+    "rollout.flips": ("FlipCapture", "FlipRecord", "MemoryFlips"),
     "rollout.control": ("Rollout",),
     "rollout.errors": (
         "InvalidChange", "LeaseLost", "PermissionDenied", "RampNotAllowed", "RevisionConflict",
@@ -35,7 +36,8 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock", "Decision",
-    "DeploymentReport", "FakeClock", "InvalidChange", "LeaseLost", "MemoryStateStore",
+    "DeploymentReport", "FakeClock", "FlipCapture", "FlipRecord", "InvalidChange", "LeaseLost",
+    "MemoryFlips", "MemoryStateStore",
     "MemoryTelemetry", "PermissionDenied", "RampNotAllowed", "Reason", "RequestRecord",
     "RevisionConflict", "RevisionNotFound", "Route",
     "Rollout", "RolloutError", "RolloutState", "Settings", "ShadowStats", "StateStore",
@@ -59,6 +61,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         RolloutError,
         StoreUnavailable,
     )
+    from rollout.flips import FlipCapture, FlipRecord, MemoryFlips
     from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
     from rollout.routes import Route
     from rollout.settings import Settings
