@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     )
     operator_token: SecretStr | None = Field(
         None, min_length=16, max_length=256,
-        description="bearer token for the dashboard's actions; None: the dashboard is read-only",
+        description="bearer token for the dashboard's actions and the per-request "
+        "X-Canary-Arm-Override; None: the dashboard is read-only and no override is honoured",
     )
     app_name: str = Field("default", description="namespace of this application's Redis keys")
     redis_timeout_s: float = Field(2.0, gt=0, le=30)
