@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ray.serve import Application
 
+from rollout.flips import FlipCapture
 from rollout.settings import Settings
 from serve.controller import RampControllerDeployment
 from serve.gateway import Gateway
@@ -24,6 +25,7 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
     `{"optimized": {"fault_error": True}}` for a fault drill.
     """
     live = live or {}
+    FlipCapture.from_settings(settings)  # a CANARY_FLIP_REDACT that cannot be imported fails now
     model = ModelServer.options(
         ray_actor_options={"num_cpus": settings.model_num_cpus, "num_gpus": settings.model_num_gpus},
         max_ongoing_requests=settings.model_max_ongoing_requests,

@@ -401,3 +401,11 @@ def test_rollout_verify_replays_an_exported_file(flips, tmp_path, monkeypatch):
     doc = json.loads(stdout.getvalue())
     assert code == 0, stderr.getvalue()
     assert doc["n"] == 3 and doc["agreement"] == 1.0  # fp32 against itself: no flip left
+
+
+def test_serve_run_fails_before_any_replica_on_a_hook_that_cannot_be_imported():
+    from serve.config import build
+
+    with pytest.raises(FlipSettingError, match="CANARY_FLIP_REDACT: cannot import module"):
+        build(Settings(flip_capture=True, flip_redact="tests.unit.no_such_module:redact"))
+    build(Settings(flip_capture=True, flip_redact="tests.unit.test_flips:mask_digits"))
