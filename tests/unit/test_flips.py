@@ -226,8 +226,8 @@ class Store(MemoryFlips):
 
 
 class Rig:
-    def __init__(self, other: str, **overrides):
-        self.store, self.reader = Store(), InMemoryMetricReader()
+    def __init__(self, other: str, store: Store | None = None, **overrides):
+        self.store, self.reader = store or Store(), InMemoryMetricReader()
         self.settings = Settings(**{"shadow_share": 1.0, "flip_capture": True,
                                     "telemetry_flush_s": 0.01, **overrides})
         self.telemetry = Telemetry(self.settings, "canary-gateway", store=self.store,
@@ -409,3 +409,18 @@ def test_serve_run_fails_before_any_replica_on_a_hook_that_cannot_be_imported():
     with pytest.raises(FlipSettingError, match="CANARY_FLIP_REDACT: cannot import module"):
         build(Settings(flip_capture=True, flip_redact="tests.unit.no_such_module:redact"))
     build(Settings(flip_capture=True, flip_redact="tests.unit.test_flips:mask_digits"))
+
+
+class DownStore(Store):
+    def write(self, items):
+        raise ConnectionError("redis is down")
+
+
+def test_a_redis_failure_costs_a_counter_not_the_comparison():
+    rig = Rig("health", store=DownStore())
+    try:
+        asyncio.run(rig.offer("the vote"))  # the shadow task finished without raising
+        assert rig.telemetry.sink.dropped["error"] >= 2  # the shadow counters and the flip
+        assert rig.flip_counts() == {"captured": 1}
+    finally:
+        rig.close()
