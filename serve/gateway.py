@@ -349,7 +349,8 @@ class Gateway(DashboardRoutes):
             "routing": decision.label,  # why this arm: share, canary, route:r1, override, ...
         }
         if idempotency_key is not None:
-            replay_headers = {"X-Request-ID": rid, "X-Canary-Arm": result["arm"]}
+            replay_headers = {"X-Request-ID": rid, "X-Canary-Arm": result["arm"],
+                              "X-Canary-Reason": decision.label}
             await self.idempotency.finish(
                 idempotency_key, fp, {"status": 200, "body": body, "headers": replay_headers}
             )

@@ -175,7 +175,7 @@ class Observation:
             start_time=time.time_ns() - int((time.perf_counter() - started) * 1e9),
             attributes={
                 "canary.arm": decision.arm.value, "canary.bucket": decision.bucket,
-                "canary.reason": decision.reason.value, "canary.share_bp": state.canary_bp,
+                "canary.reason": decision.label, "canary.share_bp": state.canary_bp,
                 "canary.effective_bp": 0 if view.stale else state.effective_bp,
                 "canary.kill": state.kill, "canary.state_revision": state.revision,
                 "canary.state_stale": view.stale,

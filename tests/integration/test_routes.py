@@ -62,7 +62,15 @@ def test_a_route_sends_its_requests_to_optimized_at_zero_share_until_removed(gw,
     for i in range(10):
         answered(gw.predict([f"qa {i}"], **INTERNAL, **{"X-Routing-Key": f"k{i}"}),
                  "optimized", "route:r1")
-    answered(gw.predict(["qa"], **{"x-user-group": "qa"}), "optimized", "route:r1")
+    answered(gw.predict(["qa"], **{"x-user-group": "qa", "X-Request-ID": "routed-1"}),
+             "optimized", "route:r1")
+    telemetry = gw.telemetry()
+    try:  # the trace's route span says which route decided
+        _, spans = gw.wait_for_trace(telemetry, "routed-1", "route")
+    finally:
+        telemetry.close()
+    route_span = next(span for span in spans if span["name"] == "route")
+    assert route_span["attrs"]["canary.reason"] == "route:r1"
     for value in ("Internal", "internal,qa", "other"):  # exact values only
         answered(gw.predict(["x"], **{"X-User-Group": value}), "baseline", "share")
     answered(gw.predict(["no header"]), "baseline", "share")
