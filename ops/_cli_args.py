@@ -134,10 +134,11 @@ _COMMANDS = {
         "  rollout verify --set my-inputs.jsonl   # one JSON object per line: text, label?",
     ),
     "revert": (
-        "restore the share and kill switch of an earlier revision (audited)",
-        "Restore the canary share and kill switch recorded at REVISION (see `rollout audit`),\n"
-        "as a new audited revision. Model versions are kept. Asks for confirmation like\n"
-        "`rollout canary` when the share moves by 50 points or more, or to 100%.",
+        "restore the share, kill switch and routes of an earlier revision (audited)",
+        "Restore the canary share, kill switch and header routes recorded at REVISION (see\n"
+        "`rollout audit`), as a new audited revision. Model versions are kept. Asks for\n"
+        "confirmation like `rollout canary` when the share moves by 50 points or more, or to\n"
+        "100%.",
         "examples:\n  rollout revert 7 --reason \"back to the last good share\"",
     ),
     "traces": (

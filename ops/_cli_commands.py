@@ -195,11 +195,12 @@ def _revert(ctx: _Context) -> int:
     revision = ctx.args.revision
     target = ctx.rollout.store.state_at(revision)
     before = ctx.rollout.state()
-    planned = before.model_copy(update={"canary_bp": target.canary_bp, "kill": target.kill})
+    planned = before.model_copy(update={"canary_bp": target.canary_bp, "kill": target.kill,
+                                        "routes": target.routes})
     change = describe_change(before, planned)
     if not change:
-        ctx.say(f"nothing to revert: revision {before.revision} already has the share and kill "
-                f"switch of revision {revision}")
+        ctx.say(f"nothing to revert: revision {before.revision} already has the share, kill "
+                f"switch and routes of revision {revision}")
         return 0
     ctx.confirm(before, planned,
                 f"Revert to revision {revision} ({change}; now at revision {before.revision})?",

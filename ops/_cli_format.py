@@ -50,12 +50,15 @@ def on_off(kill: bool) -> str:
 
 
 def describe_change(before: RolloutState, after: RolloutState) -> str:
-    """'canary 60% -> 5%, kill switch on -> off'; empty when neither moved."""
+    """'canary 60% -> 5%, kill switch on -> off, routes r1 -> none'; empty when none moved."""
     parts = []
     if before.canary_bp != after.canary_bp:
         parts.append(f"canary {format_bp(before.canary_bp)} -> {format_bp(after.canary_bp)}")
     if before.kill != after.kill:
         parts.append(f"kill switch {on_off(before.kill)} -> {on_off(after.kill)}")
+    if before.routes != after.routes:
+        ids = [",".join(r.id for r in s.routes) or "none" for s in (before, after)]
+        parts.append(f"routes {ids[0]} -> {ids[1]}")
     return ", ".join(parts)
 
 

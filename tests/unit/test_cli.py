@@ -642,3 +642,15 @@ def test_help_for_every_route_command(run, command):
     assert result.code == 0 and result.err == ""
     assert result.out.startswith(f"usage: rollout {' '.join(command)}")
     assert "examples:" in result.out and "rollout route" in result.out
+
+
+def test_revert_restores_the_routes_of_the_revision(run):
+    assert run("route", "add", "--header", "x-user-group=internal", "--arm", "optimized",
+               "--reason", "QA").code == 0
+    assert run("route", "remove", "r1", "--reason", "done").code == 0
+    result = run("revert", "1", "--reason", "QA again")
+    assert result.code == 0, result.err
+    assert result.out.startswith("revert to revision 1: routes none -> r1 (revision 3)")
+    assert [r.id for r in run.state.routes] == ["r1"]
+    same = run("revert", "1", "--reason", "twice")
+    assert "nothing to revert" in same.out and "routes of revision 1" in same.out
