@@ -10,9 +10,11 @@ Unit tests script this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from rollout.agreement import CONFIDENT_MARGIN
+from rollout.shadow import ShadowStats, aggregate_shadow, shadow_key
 from rollout.windows import ArmStats, Windows
 
 DEFAULT_HORIZON_S = 3_600  # the default of CANARY_TELEMETRY_WINDOW_TTL_S
@@ -34,18 +36,47 @@ class RampMetrics(Protocol):
 
 class WindowsMetrics:
     """The ramp's metrics from the per-arm windows (and shadow agreement) in Redis; pass the
-    telemetry retention (`settings.telemetry_window_ttl_s`) as `horizon_s`."""
+    telemetry retention (`settings.telemetry_window_ttl_s`) as `horizon_s`.
 
-    def __init__(self, windows: Windows, horizon_s: int = DEFAULT_HORIZON_S):
-        self.windows, self.horizon_s = windows, horizon_s
+    The shadow gates read a whole step, up to `horizon_s` one-second hashes (3,600 by default)
+    at every evaluation. So the seconds that ended more than `settle_s` ago (the sinks flush
+    within a few seconds) are kept in memory once read, and only the newer ones are read again;
+    the two shadow gates of one evaluation (same second, same span) share one read. As with
+    rollout.series, an increment that lands later than `settle_s` is missed, never counted
+    twice. Used by one controller thread."""
+
+    def __init__(self, windows: Windows, horizon_s: int = DEFAULT_HORIZON_S,
+                 settle_s: int = 10):
+        self.windows, self.horizon_s, self.settle_s = windows, horizon_s, settle_s
+        self._settled: dict[int, Mapping] = {}  # second -> its shadow hash
+        self._last: tuple[tuple[int, int], ShadowStats] | None = None
 
     def arm(self, arm: str, last_s: int) -> ArmStats:
         return self.windows.arm(arm, last_s)
 
     def agreement(self, last_s: int) -> tuple[int, int]:
-        stats = self.windows.shadow(last_s)  # no pairs: (0, 0), so the gate waits
+        stats = self._shadow(last_s)  # no pairs: (0, 0), so the gate waits
         return stats.pairs, min(stats.agreed, stats.pairs)
 
     def confident(self, last_s: int, min_margin: float = CONFIDENT_MARGIN) -> tuple[int, int]:
-        pairs, agreed = self.windows.shadow(last_s).confident_from(min_margin)
+        pairs, agreed = self._shadow(last_s).confident_from(min_margin)
         return pairs, pairs - min(agreed, pairs)
+
+    def _shadow(self, last_s: int) -> ShadowStats:
+        """`Windows.shadow(last_s)`, reading only the seconds not settled in memory."""
+        now = int(self.windows.clock.time())
+        if self._last is not None and self._last[0] == (now, last_s):
+            return self._last[1]
+        seconds = range(now - last_s + 1, now + 1)
+        fresh = [second for second in seconds if second not in self._settled]
+        read = self.windows.source.hashes([shadow_key(self.windows.app, s) for s in fresh])
+        hashes = dict(zip(fresh, read, strict=True))
+        for second, fields in hashes.items():
+            if second <= now - self.settle_s:
+                self._settled[second] = fields
+        for second in [s for s in self._settled if s <= now - max(last_s, self.horizon_s)]:
+            del self._settled[second]
+        stats = aggregate_shadow([hashes[s] if s in hashes else self._settled[s]
+                                  for s in seconds], float(last_s))
+        self._last = ((now, last_s), stats)
+        return stats

@@ -216,3 +216,40 @@ def test_the_dashboard_ramp_panel_gets_both_shadow_gates_with_what_they_are():
     script = (Path(__file__).parents[2] / "serve/dashboard/static/app.js").read_text()
     hints = script[script.index("const GATE_HINTS"):]
     assert all(f"{name}:" in hints[:hints.index("};")] for name in SHADOW_GATES)
+
+
+# --- reading a whole step ---------------------------------------------------------------------
+
+
+class CountingHashes(MemoryHashes):
+    def __init__(self):
+        super().__init__()
+        self.reads: list[int] = []  # keys per read
+
+    def hashes(self, keys):
+        self.reads.append(len(keys))
+        return super().hashes(keys)
+
+
+def test_the_adapter_reads_settled_seconds_once_and_recent_ones_again():
+    from rollout import FakeClock
+
+    clock, hashes = FakeClock(10_000.0), CountingHashes()
+    metrics = WindowsMetrics(Windows(hashes, "app", clock=clock), horizon_s=600, settle_s=10)
+
+    def file(ts: float, outcomes) -> None:
+        hashes.increment(merge_shadow([ShadowItem(ts, shadow_fields(outcomes))], "app"))
+
+    file(9_700.5, [PairOutcome(True, 0.3)] * 10)
+    assert metrics.agreement(600) == (10, 10)
+    assert metrics.confident(600, 0.05) == (10, 0)
+    assert hashes.reads == [600]  # one read for both gates of one evaluation
+    clock.advance(5)
+    file(10_003.5, [PairOutcome(False, 0.3)])  # a late increment, still within settle_s
+    assert metrics.agreement(600) == (11, 10) and hashes.reads[-1] == 15  # 10 unsettled + 5 new
+    file(9_700.5, [PairOutcome(False, 0.3)])  # far later than settle_s: missed, never doubled
+    clock.advance(5)
+    assert metrics.agreement(600) == (11, 10)
+    clock.advance(600)  # the step's first seconds fall out of the span and out of memory
+    assert metrics.agreement(600) == (0, 0)
+    assert len(metrics._settled) <= 600
