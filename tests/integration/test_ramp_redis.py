@@ -91,6 +91,8 @@ def test_the_controller_user_summarises_a_held_ramp(stores):
         report(operator_states, clock)
         assert controller.tick().reason.startswith("hold: the verify verdict failed")
     entries = [e for e in operator_states.audit() if e.actor == "ramp-controller"]
+    assert [e.action for e in entries if e.action == "ramp-stalled"] == ["ramp-stalled"]  # once
+    entries = [e for e in entries if e.action != "ramp-stalled"]
     assert len(entries) == 1  # the first; the other two are kept as the last one only
     last = operator_ramps.last_evaluation()
     assert last["ts"] == clock.time() and last["held"]["evaluations"] == 3
