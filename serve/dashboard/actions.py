@@ -1,4 +1,5 @@
-"""What an operator may do from the dashboard: move the share, kill, unkill.
+"""What an operator may do from the dashboard: move the share, kill, unkill, add and remove
+header routes (rollout.routes).
 
 Safe by the same rules as the `rollout` CLI, through the same audited path
 (`rollout.control.Rollout`):
@@ -64,6 +65,19 @@ class ShareChange(Change):
     percent: str | int | float
 
 
+class RouteAdd(Change):
+    header: str = Field(min_length=1, max_length=64)
+    values: list[str] = Field(min_length=1, max_length=32)
+    arm: str
+
+
+class RouteRemove(Change):
+    id: str = Field(min_length=1, max_length=8)
+
+
+BODIES = {"canary": ShareChange, "route-add": RouteAdd, "route-remove": RouteRemove}
+
+
 def authorize(configured, header: str | None) -> None:
     """Raise unless `header` is `Bearer <the configured token>` (constant-time comparison)."""
     if configured is None:
@@ -126,11 +140,12 @@ class Actions:
         self.rollout = rollout
 
     def run(self, kind: str, body: bytes, client: str | None) -> dict:
-        """Apply one action ('canary', 'kill' or 'unkill'); rollout errors become 4xx/503."""
-        change = parse(body, ShareChange if kind == "canary" else Change)
+        """Apply one action ('canary', 'kill', 'unkill', 'route-add' or 'route-remove');
+        rollout errors become 4xx/503."""
+        change = parse(body, BODIES.get(kind, Change))
         actor = actor_of(change, client)
         with rollout_errors(conflict="nothing was changed; look again and retry"):
-            return getattr(self, "_" + kind)(change, actor)
+            return getattr(self, "_" + kind.replace("-", "_"))(change, actor)
 
     def _before(self, change: Change) -> RolloutState:
         before = self.rollout.state()
@@ -155,6 +170,19 @@ class Actions:
                                            expected_revision=before.revision)
         note = " (the kill switch is on: traffic stays on baseline)" if after.kill else ""
         return _answer(True, f"canary {old} -> {new}{note}", after)
+
+    def _route_add(self, change: RouteAdd, actor: str) -> dict:
+        _, after = self.rollout.add_route(change.header, change.values, change.arm, actor=actor,
+                                          reason=change.reason,
+                                          expected_revision=change.expected_revision)
+        note = " (the kill switch is on: traffic stays on baseline)" if after.kill else ""
+        return _answer(True, f"route {after.routes[-1].describe()} added{note}", after)
+
+    def _route_remove(self, change: RouteRemove, actor: str) -> dict:
+        before, after = self.rollout.remove_route(change.id, actor=actor, reason=change.reason,
+                                                  expected_revision=change.expected_revision)
+        gone = next(r for r in before.routes if r.id == change.id.strip())
+        return _answer(True, f"route {gone.describe()} removed", after)
 
     def _kill(self, change: Change, actor: str) -> dict:
         before, after = self.rollout.kill(actor=actor, reason=change.reason)

@@ -13,6 +13,8 @@
     POST /v1/rollout/canary             {"percent", "reason", "expected_revision", "confirm"}
     POST /v1/rollout/kill               {"reason"}
     POST /v1/rollout/unkill             {"reason", "expected_revision", "confirm"}
+    POST /v1/rollout/route-add          {"header", "values", "arm", "reason", "expected_revision"}
+    POST /v1/rollout/route-remove       {"id", "reason", "expected_revision"}
 
 Reads are open like `GET /v1/rollout`; actions need the operator token (serve.dashboard.actions).
 Redis is only touched from worker threads, never on the event loop that serves predictions.
@@ -38,6 +40,7 @@ from serve.dashboard.ramp import ramp_action, ramp_status
 from serve.dashboard.reads import Readings, bounded_int
 
 router = APIRouter()
+ROLLOUT_ACTIONS = ("canary", "kill", "unkill", "route-add", "route-remove")
 RAMP_TTL_S = 1.0
 STATIC = Path(__file__).parent / "static"
 ASSETS = {
@@ -158,8 +161,8 @@ class DashboardRoutes:
 
     @router.post("/v1/rollout/{kind}")
     async def dashboard_action(self, kind: str, request: Request) -> dict:
-        if kind not in ("canary", "kill", "unkill"):
-            raise NotFound(f"no rollout action {kind!r} (canary, kill, unkill)")
+        if kind not in ROLLOUT_ACTIONS:
+            raise NotFound(f"no rollout action {kind!r} ({', '.join(ROLLOUT_ACTIONS)})")
         body, client = await self._operator_request(request)
         answer = await asyncio.to_thread(self._actions().run, kind, body, client)
         self._readings.changed()

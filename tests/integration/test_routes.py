@@ -177,17 +177,51 @@ def test_the_readme_redis_cli_kill_keeps_the_routes(redis_url, store, watcher, w
 # --- the dashboard ------------------------------------------------------------------------------
 
 
-def test_the_dashboard_lists_the_routes(gw, routes, dashboard_page):
+def test_the_dashboard_lists_adds_and_removes_routes(gw, routes, dashboard_page):
     from playwright.sync_api import expect
 
-    table = dashboard_page.locator("#routes")
+    page = dashboard_page
+    table = page.locator("#routes")
     expect(table).to_contain_text("none: every request is routed by the share")
     routes.add_route("x-user-group", ["internal", "qa"], "optimized", actor="test",
                      reason="QA on the candidate")
     expect(table.locator("tr").nth(1)).to_contain_text("r1x-user-groupinternal, qaoptimized")
     expect(table).to_contain_text("QA on the candidate")
     expect(table).to_contain_text("applied")
-    assert dashboard_page.errors == []
+
+    page.fill("#token", OPERATOR_TOKEN)
+    page.fill("#reason", "pin acme")
+    page.fill("#route-header", "X-Tenant=acme, globex")
+    page.select_option("#route-arm", "baseline")
+    page.click("#route-add")
+    expect(page.locator("#action-result")).to_have_text(
+        "route r2: x-tenant = acme|globex -> baseline added")
+    expect(table.locator("tr").nth(2)).to_contain_text("r2x-tenantacme, globexbaseline")
+    page.fill("#reason", "QA done")
+    page.fill("#route-id", "r1")
+    page.click("#route-remove")
+    expect(page.locator("#action-result")).to_contain_text("route r1: x-user-group")
+    expect(table).not_to_contain_text("x-user-group")
+    entry = routes.store.audit(last=1)[0]
+    assert (entry.action, entry.reason) == ("route-remove", "QA done")
+    assert entry.actor.startswith("dashboard:")
+    assert page.errors == []
+
+
+def test_route_actions_over_http_need_the_token_and_name_bad_fields(gw, routes):
+    def post(kind, body, headers=BEARER):
+        return gw.client.post(f"/v1/rollout/{kind}", json=body, headers=headers)
+
+    body = {"header": "x-user-group", "values": ["internal"], "arm": "optimized",
+            "reason": "QA"}
+    assert post("route-add", body, headers={}).status_code == 401
+    assert routes.state().routes == ()
+    bad = post("route-add", dict(body, header="authorization"))
+    assert bad.status_code == 422 and "cannot be routed on" in bad.json()["error"]["message"]
+    added = post("route-add", body)
+    assert added.status_code == 200 and added.json()["state"]["routes"][0]["id"] == "r1"
+    unknown = post("route-remove", {"id": "r5", "reason": "x"})
+    assert unknown.status_code == 422 and "no route 'r5'" in unknown.json()["error"]["message"]
 
 
 @pytest.fixture

@@ -269,3 +269,51 @@ def test_an_override_naming_no_arm_is_400_with_the_token_and_403_without(value):
         override_allowed(SecretStr(TOKEN), given)
     with pytest.raises(OverrideNotAllowed):
         override_allowed(SecretStr(TOKEN), headers(x_canary_arm_override=value))
+
+
+# --- the dashboard's route actions (serve.dashboard.actions) ------------------------------------
+
+
+def action(rollout: Rollout, kind: str, **fields) -> dict:
+    from serve.dashboard.actions import Actions
+
+    return Actions(rollout).run(kind, json.dumps(fields).encode(), "10.0.0.7")
+
+
+def test_the_dashboard_adds_and_removes_routes_audited_as_the_page(rollout):
+    added = action(rollout, "route-add", header="X-User-Group", values=["internal"],
+                   arm="optimized", reason="QA", actor="carol", expected_revision=0)
+    assert added["changed"] is True
+    assert added["message"] == "route r1: x-user-group = internal -> optimized added"
+    assert added["state"]["routes"][0]["created_by"] == "dashboard:carol@10.0.0.7"
+    removed = action(rollout, "route-remove", id="r1", reason="done")
+    assert removed["message"] == "route r1: x-user-group = internal -> optimized removed"
+    assert [(e.action, e.actor) for e in rollout.store.audit()] == [
+        ("route-add", "dashboard:carol@10.0.0.7"), ("route-remove", "dashboard:10.0.0.7")]
+
+
+@pytest.mark.parametrize("kind, fields, message", [
+    ("route-add", dict(header="cookie", values=["a"], arm="optimized"), "cannot be routed on"),
+    ("route-add", dict(header="x-a", values=[], arm="optimized"), "values"),
+    ("route-add", dict(header="x-a", values=["a"], arm="canary"), "baseline or optimized"),
+    ("route-add", dict(header="x-a", values="a", arm="optimized"), "values"),
+    ("route-add", dict(values=["a"], arm="optimized"), "header"),
+    ("route-remove", dict(id="r9"), "no route 'r9'"),
+    ("route-remove", dict(), "id"),
+])
+def test_a_bad_route_action_is_invalid_input_naming_the_field(rollout, kind, fields, message):
+    from serve.dashboard.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=message):
+        action(rollout, kind, reason="r", **fields)
+    assert rollout.state().revision == 0
+
+
+def test_a_route_action_on_a_moved_state_is_a_conflict(rollout):
+    from serve.dashboard.errors import Conflict
+
+    rollout.set_canary(100, actor="bob", reason="meanwhile")
+    with pytest.raises(Conflict):
+        action(rollout, "route-add", header="x-a", values=["a"], arm="optimized", reason="r",
+               expected_revision=0)
+    assert rollout.state().routes == ()

@@ -55,7 +55,9 @@ function renderStatus(s) {
   $("actions-mode").textContent = s.actions
     ? "Actions need the operator token; each asks for a reason and lands in the audit log."
     : "Read-only: this gateway has no operator token configured (CANARY_OPERATOR_TOKEN).";
-  for (const id of ["set-share", "kill-button", "unkill-button"]) $(id).disabled = !s.actions;
+  for (const id of ["set-share", "kill-button", "unkill-button", "route-add", "route-remove"]) {
+    $(id).disabled = !s.actions;
+  }
 
   const traffic = s.traffic || {};
   const arms = traffic.arms || {};
@@ -314,6 +316,17 @@ function wireActions() {
     $(`ramp-${what}`).addEventListener("click", () => act(`ramp/${what}`, {}, false, "/v1/"));
   }
   $("unkill-button").addEventListener("click", () => act("unkill"));
+  $("route-add").addEventListener("click", () => {
+    const spec = $("route-header").value, at = spec.indexOf("=");
+    if (at < 1) { say("give the header as NAME=VALUE[,VALUE...]", "error"); return; }
+    act("route-add", { header: spec.slice(0, at).trim(), arm: $("route-arm").value,
+      values: spec.slice(at + 1).split(",").map(v => v.trim()) });
+  });
+  $("route-remove").addEventListener("click", () => {
+    const id = $("route-id").value.trim();
+    if (!id) { say("give the id of the route to remove (e.g. r1)", "error"); return; }
+    act("route-remove", { id });
+  });
   $("confirm-yes").addEventListener("click", () => {
     $("confirm").hidden = true; const next = view.pending; view.pending = null; if (next) next();
   });
