@@ -21,7 +21,8 @@ are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge withou
 
 The confident pairs are those filed in the buckets from CONFIDENT_MARGIN (0.05, a bucket edge)
 up: `confident_pairs` and `confident_agreed` are their sums, and `confident_flip_rate` the
-share of them whose labels differ (the ramp's `confident_flip_rate` gate).
+share of them whose labels differ. `confident_from(min_margin)` sums from any other edge: the
+ramp's `confident_flip_rate` gate counts from its plan's `gates.min_margin`.
 
 Cosine bins are on the gap 1 - cosine: bin j holds gaps in (COSINE_GAPS[j-1], COSINE_GAPS[j]]
 (bin 0: gap <= 1e-6), half a decade wide. The 1st percentile and the minimum are read from the
