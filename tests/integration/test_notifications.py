@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 import redis
+from pydantic import SecretStr
 
 from rollout import DeploymentReport, PermissionDenied, Rollout, Settings
 from rollout.events import event_from_audit
@@ -203,3 +204,36 @@ def test_the_gateway_user_may_claim_and_count_but_not_move_the_cursor(secured, a
         assert client.hget(f"rollout:{app}:webhooks", "delivered") == "1"
     finally:
         client.close()
+
+
+def test_end_to_end_on_the_real_app_audited_changes_and_a_store_outage(gw, receiver):
+    """The Serve app with webhooks configured: the ramp controller deployment tails the audit
+    stream into the receiver, and the gateway posts its own store-stale / store-recovered."""
+    cursor_key = f"rollout:{gw.settings.app_name}:notify:cursor"
+    client = gw.redis.client()
+    # redeploy copies the settings without validation: give the fields their parsed types
+    gw.redeploy({}, webhook_urls=(receiver.url,), webhook_secret=SecretStr(SECRET))
+    try:
+        wait_until(lambda: client.exists(cursor_key), 60)  # the tailer started (at the end)
+        gw.set_state(canary_bp=0, kill=True)
+        wait_until(lambda: any(e["kind"] == "kill" for e in receiver.events()), 30)
+        kill = next(e for e in signed(receiver) if e["kind"] == "kill")
+        assert kill["severity"] == "critical" and kill["text"].startswith(":rotating_light:")
+        gw.set_state(canary_bp=0, kill=False)
+        gw.redis.pause()
+        try:
+            wait_until(lambda: any(e["kind"] == "store-stale" for e in receiver.events()), 30)
+        finally:
+            gw.redis.resume()
+        wait_until(lambda: any(e["kind"] == "store-recovered" for e in receiver.events()), 30)
+        kinds = [e["kind"] for e in signed(receiver)]
+        # the unkill may wait for Redis like the tailer; the gateway's events do not
+        assert kinds.index("kill") < kinds.index("unkill")
+        assert kinds.index("store-stale") < kinds.index("store-recovered")
+        stale = next(e for e in receiver.events() if e["kind"] == "store-stale")
+        recovered = next(e for e in receiver.events() if e["kind"] == "store-recovered")
+        assert recovered["id"] == stale["id"] + ":recovered"
+        assert "routing all traffic to baseline" in stale["text"]
+    finally:
+        client.close()
+        gw.redeploy({})
