@@ -343,7 +343,7 @@ class Settings(BaseSettings):
     def _webhook_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for url in value:
             if not re.match(r"^https?://[^/\s?#]+", url) or any(c.isspace() for c in url):
-                raise ValueError("webhook_urls: each must be an http:// or https:// URL with a "
+                raise ValueError("each URL must start with http:// or https:// and name a "
                                  "host, e.g. https://hooks.slack.com/services/...")
         return value
 

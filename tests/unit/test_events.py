@@ -331,3 +331,49 @@ def test_a_stored_verdict_is_audited_as_a_verify_verdict_event(store):
     assert (event.kind, event.severity, event.actor) == ("verify-verdict", "warning", "alice")
     assert "failed: agreement 0.9 < 0.98" in event.text
     assert event.detail["optimized_version"] == "o" and event.detail["passed"] is False
+
+
+def test_webhook_settings_parse_comma_lists_and_name_what_is_wrong():
+    from pydantic import ValidationError
+
+    from rollout import Settings
+
+    settings = Settings(webhook_urls=" https://hooks.slack.com/services/T/B/x ,http://h:8080/y,",
+                        webhook_kinds="kill, ramp-rollback", webhook_min_severity="warning")
+    assert settings.webhook_urls == ("https://hooks.slack.com/services/T/B/x", "http://h:8080/y")
+    assert settings.webhook_kinds == ("kill", "ramp-rollback")
+    assert Settings(webhook_urls="").webhook_urls == ()
+    for bad, message in [({"webhook_urls": "ftp://h/x"}, "http:// or https://"),
+                         ({"webhook_urls": "https:///nohost"}, "name a host"),
+                         ({"webhook_kinds": "kil"}, r"unknown event kind\(s\) kil"),
+                         ({"webhook_min_severity": "loud"}, "webhook_min_severity"),
+                         ({"webhook_queue": 0}, "webhook_queue"),
+                         ({"webhook_timeout_s": 0}, "webhook_timeout_s")]:
+        with pytest.raises(ValidationError, match=message):
+            Settings(**bad)
+
+
+def test_rollout_status_shows_the_webhook_counters_and_warns(store):
+    import io
+
+    from ops._cli_commands import run
+    from rollout.windows import MemoryHashes
+
+    hashes, clock = MemoryHashes(), FakeClock(10_000.0)
+    hashes.data["rollout:default:webhooks"] = {
+        "delivered": "4", "failed_attempts": "2", "given_up": "1", "dropped": "0",
+        "last_delivered_ts": "9000", "last_error_ts": "9990", "last_given_up_ts": "9990",
+        "last_error": "https://hooks.slack.com/***: HTTP 503"}
+    out, err = io.StringIO(), io.StringIO()
+    assert run(["status"], store=store, clock=clock, telemetry=hashes, stdout=out,
+               stderr=err) == 0, err.getvalue()
+    lines = out.getvalue().splitlines()
+    assert "webhooks: 4 delivered, 2 failed attempts, 1 given up, 0 dropped (last delivered " \
+        "16m 40s ago)" in lines
+    assert "WARNING: webhook deliveries are failing: last error 10s ago: " \
+        "https://hooks.slack.com/***: HTTP 503" in lines
+    assert any(line.startswith("WARNING: 1 webhook event(s) given up") for line in lines)
+    hashes.data.clear()
+    out = io.StringIO()
+    run(["status"], store=store, clock=clock, telemetry=hashes, stdout=out, stderr=err)
+    assert "webhooks" not in out.getvalue()  # notifications never used: nothing to show
