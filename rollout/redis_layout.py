@@ -11,7 +11,8 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
 - `flips`    stream: inputs the shadowed arms disagreed on (rollout.flips; bounded, expires)
 - `webhooks` hash: notification delivery counters (serve.webhooks): delivered, failed_attempts,
-             dropped, given_up, last_error, last_error_ts, last_delivered_ts, last_given_up_ts
+             dropped, given_up, duplicates, last_error (URL redacted), last_error_ts,
+             last_delivered_ts, last_given_up_ts, last_dropped_ts
 - `notify:cursor`     string: the last audit entry id the notifier has finished with
 - `notify:sent:<sha>` string (expires): one (event id, URL) claimed for delivery (deduplication)
 
