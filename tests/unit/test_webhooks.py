@@ -198,6 +198,7 @@ def test_a_full_queue_drops_its_oldest_event_and_counts_it(receiver, senders):
     for n in range(2, 6):
         sender.send(event(n))
     assert [item.event.id for item in sender.channels[0].queue] == ["default:4-0", "default:5-0"]
+    assert _until(lambda: receiver.attempts == 1)  # event 1 reached the receiver: it hangs
     receiver.hang.clear()
     assert sender.wait_idle(10)
     assert [e["id"] for e in receiver.events()] == ["default:4-0", "default:5-0"]
