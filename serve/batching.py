@@ -154,7 +154,17 @@ def run_budgeted(
             if not chunk:
                 continue
         attempt(chunk)
+    return _answers(requests, results, failed, reasons, gone)
 
+
+def _answers(
+    requests: list[list[Sequence[int]]],
+    results: dict[tuple[int, int], torch.Tensor],
+    failed: dict[int, list[int]],
+    reasons: dict[int, str],
+    gone: set[int],
+) -> list[torch.Tensor | RowsDidNotFit | Expired]:
+    """Per request of `run_budgeted`: its stacked output rows, or why it has none."""
     answers: list[torch.Tensor | RowsDidNotFit | Expired] = []
     for r, request in enumerate(requests):
         if r in gone:

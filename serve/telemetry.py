@@ -157,19 +157,32 @@ class Telemetry:
             return
         environ = os.environ if environ is None else environ
         otlp = otlp_endpoints(environ)
+        self._start_sinks(store, request_log, log_stream)
+        resource = Resource.create({"service.name": service, "canary.app": settings.app_name})
+        self._tracer_provider = self._traces(resource, otlp, span_exporters)
+        self._meter_provider = self._metrics(resource, otlp, metric_readers, prometheus)
+        self.tracer = self._tracer_provider.get_tracer(SCOPE)
+        self.meter = self._meter_provider.get_meter(SCOPE)
+
+    def _start_sinks(self, store, request_log: bool, log_stream: IO[str] | None) -> None:
+        """The Redis sink (or `store`'s) and the JSON request log, each where configured."""
+        settings = self.settings
         if settings.telemetry_redis or store is not None:
             self.store = store or open_telemetry(settings)
             self.sink = TelemetrySink(self.store.write, capacity=settings.telemetry_queue_size,
                                       flush_s=settings.telemetry_flush_s,
-                                      name=f"{service}-telemetry").start()
+                                      name=f"{self.service}-telemetry").start()
         if request_log and settings.request_log:
             self.request_log = RequestLog(settings, log_stream)
             self.request_log.sink.start()
-        resource = Resource.create({"service.name": service, "canary.app": settings.app_name})
-        sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
+
+    def _traces(self, resource: Resource, otlp: Mapping[str, str],
+                span_exporters: Sequence[SpanExporter]) -> TracerProvider:
+        """Sampled spans to the sink, to OTLP and to any test exporters."""
+        sampler = ParentBased(TraceIdRatioBased(self.settings.trace_sample_ratio))
         tracer_provider = TracerProvider(resource=resource, sampler=sampler)
         if self.sink is not None:
-            tracer_provider.add_span_processor(SinkSpanProcessor(self.sink, service))
+            tracer_provider.add_span_processor(SinkSpanProcessor(self.sink, self.service))
         if "traces" in otlp:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -177,6 +190,11 @@ class Telemetry:
                 BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp["traces"])))
         for exporter in span_exporters:
             tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        return tracer_provider
+
+    def _metrics(self, resource: Resource, otlp: Mapping[str, str],
+                 metric_readers: Sequence[MetricReader], prometheus: bool) -> MeterProvider:
+        """Metrics to any test readers, to Prometheus (pulled) and to OTLP (pushed)."""
         readers = list(metric_readers)
         if prometheus:
             from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -190,10 +208,7 @@ class Telemetry:
             self._pushers.append(PeriodicExportingMetricReader(
                 OTLPMetricExporter(endpoint=otlp["metrics"])))
             readers.append(self._pushers[-1])
-        self._tracer_provider = tracer_provider
-        self._meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-        self.tracer = tracer_provider.get_tracer(SCOPE)
-        self.meter = self._meter_provider.get_meter(SCOPE)
+        return MeterProvider(resource=resource, metric_readers=readers)
 
     def dropped(self) -> dict[str, int]:
         """Telemetry items dropped so far, by sink and reason."""
