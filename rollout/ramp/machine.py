@@ -44,6 +44,11 @@ HTTP checks (rollout.ramp.checks) are gates too: the controller runs the step's 
 passes their results in; a `fail` counts like a failing gate (rule 4), a `wait` holds like a
 gate in `wait` (rule 6), and a check of the step without a result waits.
 
+In code: each rule is one `_rule_*` function, run in order by `evaluate` (`RULES`) until one
+decides; each gate is a row of `GATE_SPECS` (the `Gates` field that turns it on, how its value
+and threshold are read, the comparison a pass needs, and whether a gate that cannot be judged
+waits or is `n/a`), all judged by `judge_gates`.
+
 Invariants: the share is only ever raised by an `advance` (never while the kill switch is on,
 while paused, while waiting for approval, or without a passing verdict unless forced); every
 decision carries every gate's value and threshold; a rollback always sets the share to 0.
@@ -51,6 +56,7 @@ decision carries every gate's value and threshold; a rollback always sets the sh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -62,9 +68,9 @@ from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.plan import Gates, RampPlan
 from rollout.state import RolloutState, format_bp
 from rollout.verdict import Verdict
+from rollout.windows import ArmStats
 
 CONTROLLER = "ramp-controller"  # the actor of every change the controller makes
-SHADOW_GATES = ("agreement_lower_bound", "confident_flip_rate")  # wait for shadow pairs
 ACTIVE = ("running", "paused")
 
 Status = Literal["running", "paused", "promoted", "aborted"]
@@ -128,7 +134,8 @@ class GateResult:
     def text(self) -> str:
         value = "-" if self.value is None else f"{self.value:.4g}"
         threshold = "-" if self.threshold is None else f"{self.threshold:.4g}"
-        op = ">=" if self.name == "agreement_lower_bound" else "<="
+        spec = GATES_BY_NAME.get(self.name)
+        op = spec.op if spec is not None else "<="
         return f"{self.name} {value} {op} {threshold}: {self.status}" + (
             f" ({self.note})" if self.note else "")
 
@@ -168,84 +175,168 @@ class Decision:
         }
 
 
-def _agreement_gate(gates: Gates, metrics: RampMetrics, shadow_s: int, span: str) -> tuple:
-    """(value, threshold, bad, note) of `agreement_lower_bound`: the anytime-valid 95 %
-    confidence sequence (rollout.agreement.agreement_cs) over the step's shadow pairs. Its
-    lower end at or above the threshold passes, its upper end below it fails; a threshold
-    inside it waits for more pairs (None: neither side is proven yet)."""
+# --- gates: a table of specs, one judge ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    """What every gate of one evaluation reads: the canary's and the baseline's windows over
+    the last `window_s` seconds, and the span the shadow gates judge (`shadow_s`, `span`)."""
+
+    gates: Gates
+    metrics: RampMetrics
+    canary: ArmStats
+    baseline: ArmStats
+    shadow_s: int
+    span: str
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One gate's numbers: the `value` shown, the `threshold` it is judged against and a
+    `note`. `ready` False: too little to judge (too few shadow pairs, no baseline to compare
+    with; `note` says why); `interval`: a confidence sequence judged instead of `value`."""
+
+    value: float | None
+    threshold: float | None
+    note: str = ""
+    ready: bool = True
+    interval: tuple[float, float] | None = None
+
+
+def _exceeds(reading: Reading) -> bool:
+    """`<=` gates: failing when the value (none yet: 0) is above the threshold."""
+    return (reading.value or 0.0) > reading.threshold
+
+
+def _outside_interval(reading: Reading) -> bool | None:
+    """`>=` gates on a confidence sequence: its lower end at or above the threshold passes, its
+    upper end below it fails; a threshold inside it cannot be judged yet (None)."""
+    lower, upper = reading.interval
+    return False if lower >= reading.threshold else True if upper < reading.threshold else None
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """One gate: its `name` in results; `setting`, the `Gates` field that turns it on (None:
+    off) and sets its threshold; `read`, how its numbers are read; `op`, the comparison a pass
+    needs (shown in `GateResult.text`); `judge`, whether a ready reading fails (None: cannot
+    say). `shadow`: it judges the step's shadow pairs, so a gate that cannot be judged waits
+    (holds the climb); any other one is `n/a` (judged by the others alone)."""
+
+    name: str
+    setting: str
+    read: Callable[[GateInputs], Reading]
+    op: Literal[">=", "<="] = "<="
+    judge: Callable[[Reading], bool | None] = _exceeds
+    shadow: bool = False
+
+    @property
+    def unjudged(self) -> Literal["wait", "n/a"]:
+        return "wait" if self.shadow else "n/a"
+
+
+def _read_agreement(inputs: GateInputs) -> Reading:
+    """`agreement_lower_bound`: the anytime-valid 95 % confidence sequence
+    (rollout.agreement.agreement_cs) over the step's shadow pairs."""
+    gates, span = inputs.gates, inputs.span
     threshold = gates.agreement_lower_bound
-    pairs, agreed = metrics.agreement(shadow_s)
+    pairs, agreed = inputs.metrics.agreement(inputs.shadow_s)
     lower, upper = agreement_cs(agreed, pairs, threshold)
     if pairs < gates.min_agreement_pairs:
-        return (lower if pairs else None, threshold, None,
-                f"{pairs}/{gates.min_agreement_pairs} shadow pairs in {span}")
-    bad = False if lower >= threshold else True if upper < threshold else None
-    return lower, threshold, bad, (f"anytime 95% CS [{lower:.4f}, {upper:.4f}] of "
-                                   f"{agreed}/{pairs} agreed in {span}")
+        return Reading(lower if pairs else None, threshold,
+                       f"{pairs}/{gates.min_agreement_pairs} shadow pairs in {span}", ready=False)
+    return Reading(lower, threshold, f"anytime 95% CS [{lower:.4f}, {upper:.4f}] of "
+                   f"{agreed}/{pairs} agreed in {span}", interval=(lower, upper))
 
 
-def _confident_gate(gates: Gates, metrics: RampMetrics, shadow_s: int, span: str) -> tuple:
-    """(value, threshold, bad, note) of `confident_flip_rate`: the share of the step's shadow
-    pairs at a baseline margin >= `min_margin` whose labels differ."""
-    pairs, flips = metrics.confident(shadow_s, gates.min_margin)
-    where = f"at baseline margin >= {gates.min_margin:g} in {span}"
+def _read_confident_flips(inputs: GateInputs) -> Reading:
+    """`confident_flip_rate`: the share of the step's shadow pairs at a baseline margin >=
+    `min_margin` whose labels differ."""
+    gates = inputs.gates
+    pairs, flips = inputs.metrics.confident(inputs.shadow_s, gates.min_margin)
+    where = f"at baseline margin >= {gates.min_margin:g} in {inputs.span}"
     if pairs < gates.min_agreement_pairs:
-        return (flips / pairs if pairs else None, gates.confident_flip_rate, None,
-                f"{pairs}/{gates.min_agreement_pairs} confident shadow pairs {where}")
-    rate = flips / pairs
-    return rate, gates.confident_flip_rate, rate > gates.confident_flip_rate, \
-        f"{flips} of {pairs} flipped {where}"
+        return Reading(flips / pairs if pairs else None, gates.confident_flip_rate,
+                       f"{pairs}/{gates.min_agreement_pairs} confident shadow pairs {where}",
+                       ready=False)
+    return Reading(flips / pairs, gates.confident_flip_rate, f"{flips} of {pairs} flipped {where}")
+
+
+def _read_error_rate(inputs: GateInputs) -> Reading:
+    """`error_rate`: the canary's, against the baseline's plus `error_rate_delta`."""
+    threshold = (inputs.baseline.error_rate or 0.0) + inputs.gates.error_rate_delta
+    return Reading(inputs.canary.error_rate or 0.0, threshold)
+
+
+def _read_timeout_rate(inputs: GateInputs) -> Reading:
+    return Reading(inputs.canary.timeout_rate or 0.0, inputs.gates.timeout_rate)
+
+
+def _read_p99_ratio(inputs: GateInputs) -> Reading:
+    """`p99_ratio`: the canary's p99 against the baseline's times the ratio; without enough
+    baseline samples there is nothing to compare with."""
+    canary, baseline, gates = inputs.canary, inputs.baseline, inputs.gates
+    if baseline.p99_ms is None or baseline.requests < gates.min_samples:
+        return Reading(canary.p99_ms, None, f"{baseline.requests} baseline samples to compare "
+                       "with", ready=False)
+    return Reading(canary.p99_ms, baseline.p99_ms * gates.p99_ratio)
+
+
+def _read_p99_ms(inputs: GateInputs) -> Reading:
+    return Reading(inputs.canary.p99_ms, inputs.gates.p99_ms)
+
+
+def _read_fallback_rate(inputs: GateInputs) -> Reading:
+    """`fallback_rate`: the canary's answers that fell back to the baseline, per request."""
+    canary = inputs.canary
+    return Reading(canary.fallbacks / canary.requests if canary.requests else 0.0,
+                   inputs.gates.fallback_rate)
+
+
+GATE_SPECS: tuple[GateSpec, ...] = (  # in the order they are judged and shown
+    GateSpec("agreement_lower_bound", "agreement_lower_bound", _read_agreement, op=">=",
+             judge=_outside_interval, shadow=True),
+    GateSpec("confident_flip_rate", "confident_flip_rate", _read_confident_flips, shadow=True),
+    GateSpec("error_rate", "error_rate_delta", _read_error_rate),
+    GateSpec("timeout_rate", "timeout_rate", _read_timeout_rate),
+    GateSpec("p99_ratio", "p99_ratio", _read_p99_ratio),
+    GateSpec("p99_ms", "p99_ms", _read_p99_ms),
+    GateSpec("fallback_rate", "fallback_rate", _read_fallback_rate),
+)
+GATES_BY_NAME = {spec.name: spec for spec in GATE_SPECS}
+SHADOW_GATES = tuple(spec.name for spec in GATE_SPECS if spec.shadow)  # wait for shadow pairs
+
+
+def _judge_gate(spec: GateSpec, reading: Reading, few: str | None) -> GateResult:
+    """One gate's result: `wait` on too few canary samples (`few`), else pass or fail, or the
+    spec's `unjudged` status when its reading cannot say."""
+    if few is not None:
+        return GateResult(spec.name, reading.value, reading.threshold, "wait", few)
+    bad = spec.judge(reading) if reading.ready else None
+    status = spec.unjudged if bad is None else "fail" if bad else "pass"
+    return GateResult(spec.name, reading.value, reading.threshold, status, reading.note)
 
 
 def judge_gates(ramp: Ramp, metrics: RampMetrics, window_s: int,
                 step_s: int | None = None) -> tuple[int, list[GateResult]]:
-    """Every gate of the plan over the last `window_s` seconds, and the canary's sample count;
-    the two shadow gates judge the step's whole `step_s` seconds (capped at what the metrics
-    keep, `metrics.horizon_s`), a sample that only grows, as an anytime-valid bound needs."""
+    """Every gate of the plan (`GATE_SPECS`) over the last `window_s` seconds, and the
+    canary's sample count; the two shadow gates judge the step's whole `step_s` seconds (capped
+    at what the metrics keep, `metrics.horizon_s`), a sample that only grows, as an
+    anytime-valid bound needs."""
     gates = ramp.plan.gates
     canary, baseline = metrics.arm("optimized", window_s), metrics.arm("baseline", window_s)
     samples = canary.requests
-    enough = samples >= gates.min_samples
-    few = f"{samples}/{gates.min_samples} samples"
-    results = []
-
-    def add(name, value, threshold, bad: bool | None, note=""):
-        """`bad` None: cannot be judged, `note` says why (`wait`: holds; `n/a`: does not)."""
-        if not enough:
-            status, note = "wait", few
-        elif bad is None:
-            status = "wait" if name in SHADOW_GATES else "n/a"
-        else:
-            status = "fail" if bad else "pass"
-        results.append(GateResult(name, value, threshold, status, note))
-
+    few = None if samples >= gates.min_samples else f"{samples}/{gates.min_samples} samples"
     shadow_s = min(step_s or window_s, metrics.horizon_s)
     span = (f"the last {shadow_s}s: telemetry retention" if step_s and step_s > shadow_s
             else f"the step's {shadow_s}s")
-    if gates.agreement_lower_bound is not None:
-        add("agreement_lower_bound", *_agreement_gate(gates, metrics, shadow_s, span))
-    if gates.confident_flip_rate is not None:
-        add("confident_flip_rate", *_confident_gate(gates, metrics, shadow_s, span))
-    if gates.error_rate_delta is not None:
-        threshold = (baseline.error_rate or 0.0) + gates.error_rate_delta
-        value = canary.error_rate or 0.0
-        add("error_rate", value, threshold, value > threshold)
-    if gates.timeout_rate is not None:
-        value = canary.timeout_rate or 0.0
-        add("timeout_rate", value, gates.timeout_rate, value > gates.timeout_rate)
-    if gates.p99_ratio is not None:
-        if baseline.p99_ms is None or baseline.requests < gates.min_samples:
-            add("p99_ratio", canary.p99_ms, None, None,
-                f"{baseline.requests} baseline samples to compare with")
-        else:
-            threshold = baseline.p99_ms * gates.p99_ratio
-            add("p99_ratio", canary.p99_ms, threshold, (canary.p99_ms or 0.0) > threshold)
-    if gates.p99_ms is not None:
-        add("p99_ms", canary.p99_ms, gates.p99_ms, (canary.p99_ms or 0.0) > gates.p99_ms)
-    if gates.fallback_rate is not None:
-        value = canary.fallbacks / samples if samples else 0.0
-        add("fallback_rate", value, gates.fallback_rate, value > gates.fallback_rate)
-    return samples, results
+    inputs = GateInputs(gates, metrics, canary, baseline, shadow_s, span)
+    return samples, [_judge_gate(spec, spec.read(inputs), few) for spec in GATE_SPECS
+                     if getattr(gates, spec.setting) is not None]
+
+
+# --- evaluation: one function per rule, in order ---------------------------------------------
 
 
 def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: Verdict | None,
@@ -253,54 +344,120 @@ def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: 
              checks: tuple[CheckResult, ...] = ()) -> Decision:
     """One evaluation of an active ramp (see the module docstring for the rules, in order);
     `checks`: the results of the current step's HTTP checks."""
-    return _deadline(_evaluate(ramp, state, metrics, verdict=verdict, live=live, now=now,
-                               checks=checks), now)
-
-
-def _evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *,
-              verdict: Verdict | None, live: set[tuple[str, str]], now: float,
-              checks: tuple[CheckResult, ...]) -> Decision:
-    """Rules 1 to 7."""
     if not ramp.active:
-        return Decision("idle", f"the ramp is {ramp.status}", ramp)
-    facts = {"kill": state.kill, "state_revision": state.revision}
+        return _deadline(Decision("idle", f"the ramp is {ramp.status}", ramp), now)
+    turn = _Turn(ramp, state, metrics, verdict, live, now, checks)
+    for rule in RULES:
+        decision = rule(turn)
+        if decision is not None:
+            return _deadline(decision, now)
+    raise AssertionError("rule 7 always decides")  # pragma: no cover
 
-    def decide(kind: Kind, reason: str, ramp_after: Ramp, **extra) -> Decision:
-        return Decision(kind, reason, ramp_after.model_copy(update={"updated_at": now}),
-                        facts=facts, **extra)
 
-    # 1. the share is the ramp's, or an interrupted advance
-    if state.canary_bp != ramp.expected_bp:
-        nxt = ramp.next_step
-        if (nxt is not None and state.canary_bp == ramp.plan.shares_bp[nxt]
-                and state.updated_by == CONTROLLER):
-            ramp = ramp.model_copy(update={"step": nxt, "step_started_at": state.updated_at,
-                                           "failures": 0})
-        else:
-            reason = (f"aborted: the share is {format_bp(state.canary_bp)}, not the "
-                      f"{format_bp(ramp.expected_bp)} this ramp set (changed by "
-                      f"{state.updated_by or 'nobody'}: {state.reason or '-'})")
-            return decide("abort", reason, ramp.model_copy(
-                update={"status": "aborted", "reason": reason}))
-    # 2. versions
-    if len(live) != 1:
-        why = "no gateway reports its versions" if not live else \
+@dataclass
+class _Turn:
+    """One evaluation: its inputs, the ramp as the rules so far left it, and what they saw.
+    A rule returns a Decision (the evaluation ends) or None (the next rule goes on)."""
+
+    ramp: Ramp
+    state: RolloutState
+    metrics: RampMetrics
+    verdict: Verdict | None
+    live: set[tuple[str, str]]
+    now: float
+    checks: tuple[CheckResult, ...]
+    versions: tuple[str, str] = ("", "")  # (baseline, optimized) the gateways serve: rule 2
+    seen: dict = field(default_factory=dict)  # what rule 4 judged, carried by later decisions
+    facts: dict = field(init=False)
+
+    def __post_init__(self):
+        self.facts = {"kill": self.state.kill, "state_revision": self.state.revision}
+
+    def decide(self, kind: Kind, reason: str, ramp_after: Ramp | None = None,
+               **extra) -> Decision:
+        after = self.ramp if ramp_after is None else ramp_after
+        return Decision(kind, reason, after.model_copy(update={"updated_at": self.now}),
+                        facts=self.facts, **extra)
+
+    def end(self, kind: Kind, reason: str, status: Status, **extra) -> Decision:
+        """A decision that ends the ramp as `status`, with `reason` as its reason."""
+        return self.decide(kind, reason, self.ramp.model_copy(
+            update={"status": status, "reason": reason}), **extra)
+
+    @property
+    def verdict_facts(self) -> dict | None:
+        verdict = self.verdict
+        return None if verdict is None else {
+            "passed": verdict.passed, "failures": list(verdict.failures),
+            "baseline_version": verdict.baseline_version,
+            "optimized_version": verdict.optimized_version}
+
+
+def _rule_share(turn: _Turn) -> Decision | None:
+    """1. The share is the ramp's; the next step's share written by the controller is an
+    interrupted advance, adopted; any other share aborts the ramp (the share untouched)."""
+    ramp, state = turn.ramp, turn.state
+    if state.canary_bp == ramp.expected_bp:
+        return None
+    nxt = ramp.next_step
+    if (nxt is not None and state.canary_bp == ramp.plan.shares_bp[nxt]
+            and state.updated_by == CONTROLLER):
+        turn.ramp = ramp.model_copy(update={"step": nxt, "step_started_at": state.updated_at,
+                                            "failures": 0})
+        return None
+    reason = (f"aborted: the share is {format_bp(state.canary_bp)}, not the "
+              f"{format_bp(ramp.expected_bp)} this ramp set (changed by "
+              f"{state.updated_by or 'nobody'}: {state.reason or '-'})")
+    return turn.end("abort", reason, "aborted")
+
+
+def _rule_versions(turn: _Turn) -> Decision | None:
+    """2. Exactly one pair of versions served (else hold), its optimized version the one the
+    ramp started with (else roll back)."""
+    if len(turn.live) != 1:
+        why = "no gateway reports its versions" if not turn.live else \
             "gateways serve different versions (a deployment in progress)"
-        return decide("hold", f"hold: {why}", ramp)
-    baseline_version, optimized_version = next(iter(live))
-    if ramp.optimized_version and optimized_version != ramp.optimized_version:
-        reason = (f"rollback: the optimized version changed from {ramp.optimized_version} to "
-                  f"{optimized_version} during the ramp")
-        return decide("rollback", reason, ramp.model_copy(
-            update={"status": "aborted", "reason": reason}), target_bp=0)
-    verdict_facts = None if verdict is None else {
-        "passed": verdict.passed, "failures": list(verdict.failures),
-        "baseline_version": verdict.baseline_version,
-        "optimized_version": verdict.optimized_version}
-    # 3. kill switch
-    if state.kill:
-        return decide("hold", "hold: the kill switch is on", ramp, verdict=verdict_facts)
-    # 4. gates
+        return turn.decide("hold", f"hold: {why}")
+    turn.versions = next(iter(turn.live))
+    started, served = turn.ramp.optimized_version, turn.versions[1]
+    if started and served != started:
+        reason = (f"rollback: the optimized version changed from {started} to {served} "
+                  "during the ramp")
+        return turn.end("rollback", reason, "aborted", target_bp=0)
+    return None
+
+
+def _rule_kill(turn: _Turn) -> Decision | None:
+    """3. Kill switch on: hold, judging nothing."""
+    if turn.state.kill:
+        return turn.decide("hold", "hold: the kill switch is on", verdict=turn.verdict_facts)
+    return None
+
+
+def _rule_gates(turn: _Turn) -> Decision | None:
+    """4. Gates and checks: a failure counts, the one past `failures_tolerated` rolls back;
+    a passing evaluation resets the count."""
+    gates, results = _observe(turn)
+    failing = [g for g in (*gates, *results) if g.status == "fail"]
+    ramp = turn.ramp
+    if not failing:
+        turn.ramp = ramp.model_copy(update={"failures": 0})
+        return None
+    failures, tolerated = ramp.failures + 1, ramp.plan.failures_tolerated
+    text = "; ".join(g.text() for g in failing)
+    if failures > tolerated:
+        reason = f"rollback: {text}"
+        return turn.decide("rollback", reason, ramp.model_copy(update={
+            "status": "aborted", "reason": reason, "failures": failures}),
+            target_bp=0, **turn.seen)
+    return turn.decide("hold", f"hold: failing {failures}/{tolerated} tolerated: {text}",
+                       ramp.model_copy(update={"failures": failures}), **turn.seen)
+
+
+def _observe(turn: _Turn) -> tuple[list[GateResult], tuple[CheckResult, ...]]:
+    """Judge the step's gates (once its share is set) over its last `window_s` seconds at
+    most, and its checks; what was seen goes into `turn.seen` for every later decision."""
+    ramp, now = turn.ramp, turn.now
     gates: list[GateResult] = []
     samples = window = 0
     in_step = None
@@ -309,57 +466,85 @@ def _evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *,
         in_step = max(0.0, now - started)
         step_s = max(1, int(now) - int(started) + 1)
         window = min(ramp.plan.window_s, step_s)
-        samples, gates = judge_gates(ramp, metrics, window, step_s)
-    results = _step_checks(ramp, checks)
-    seen = dict(gates=tuple(gates), samples=samples, window_s=window, time_in_step_s=in_step,
-                verdict=verdict_facts, checks=results)
-    failing = [g for g in (*gates, *results) if g.status == "fail"]
-    if failing:
-        failures = ramp.failures + 1
-        text = "; ".join(g.text() for g in failing)
-        if failures > ramp.plan.failures_tolerated:
-            reason = f"rollback: {text}"
-            return decide("rollback", reason, ramp.model_copy(update={
-                "status": "aborted", "reason": reason, "failures": failures}),
-                target_bp=0, **seen)
-        return decide("hold", f"hold: failing {failures}/{ramp.plan.failures_tolerated} "
-                      f"tolerated: {text}", ramp.model_copy(update={"failures": failures}),
-                      **seen)
-    ramp = ramp.model_copy(update={"failures": 0})
-    # 5. paused
-    if ramp.status == "paused":
-        return decide("hold", "hold: paused", ramp, **seen)
-    # 6. the step's soak
-    if ramp.step >= 0:
-        step = ramp.plan.steps[ramp.step]
-        waits = []
-        if in_step < step.min_duration_s:
-            waits.append(f"in step {in_step:.0f}s of {step.min_duration_s:g}s")
-        if samples < step.min_samples:
-            waits.append(f"{samples}/{step.min_samples} canary samples")
-        waits += [g.text() for g in (*gates, *results) if g.status == "wait"]
-        if waits:
-            return decide("hold", "hold: " + "; ".join(waits), ramp, **seen)
-    # 7. promote, or the next step
+        samples, gates = judge_gates(ramp, turn.metrics, window, step_s)
+    results = _step_checks(ramp, turn.checks)
+    turn.seen = dict(gates=tuple(gates), samples=samples, window_s=window,
+                     time_in_step_s=in_step, verdict=turn.verdict_facts, checks=results)
+    return gates, results
+
+
+def _rule_paused(turn: _Turn) -> Decision | None:
+    """5. Paused: hold (the gates were judged)."""
+    if turn.ramp.status == "paused":
+        return turn.decide("hold", "hold: paused", **turn.seen)
+    return None
+
+
+def _rule_soak(turn: _Turn) -> Decision | None:
+    """6. The step has lasted `min_duration_s`, seen `min_samples` canary requests, and no
+    gate or check waits; else hold."""
+    ramp, seen = turn.ramp, turn.seen
+    if ramp.step < 0:
+        return None
+    step, in_step, samples = ramp.plan.steps[ramp.step], seen["time_in_step_s"], seen["samples"]
+    waits = []
+    if in_step < step.min_duration_s:
+        waits.append(f"in step {in_step:.0f}s of {step.min_duration_s:g}s")
+    if samples < step.min_samples:
+        waits.append(f"{samples}/{step.min_samples} canary samples")
+    waits += [g.text() for g in (*seen["gates"], *seen["checks"]) if g.status == "wait"]
+    if waits:
+        return turn.decide("hold", "hold: " + "; ".join(waits), **seen)
+    return None
+
+
+def _rule_promote(turn: _Turn) -> Decision | None:
+    """7a. At the last step (100 %): promote."""
+    ramp = turn.ramp
+    if ramp.next_step is not None:
+        return None
+    reason = f"promote: {format_bp(ramp.expected_bp)} passed every gate"
+    return turn.end("promote", reason, "promoted", **turn.seen)
+
+
+def _rule_approval(turn: _Turn) -> Decision | None:
+    """7b. The next step's approval, when the plan asks for one."""
+    ramp = turn.ramp
+    if ramp.waiting_approval() is None:
+        return None
     nxt = ramp.next_step
-    if nxt is None:
-        reason = f"promote: {format_bp(ramp.expected_bp)} passed every gate"
-        return decide("promote", reason, ramp.model_copy(
-            update={"status": "promoted", "reason": reason}), **seen)
+    return turn.decide("wait-approval", f"waiting for approval of step {nxt + 1} "
+                       f"({format_bp(ramp.plan.shares_bp[nxt])}): `rollout ramp approve`",
+                       **turn.seen)
+
+
+def _rule_verdict(turn: _Turn) -> Decision | None:
+    """7c. A passing `rollout verify` verdict for the versions served, unless forced."""
+    verdict = turn.verdict
+    if (verdict is not None and verdict.passed) or turn.ramp.forced:
+        return None
+    why = "no verify verdict" if verdict is None else "the verify verdict failed"
+    baseline_version, optimized_version = turn.versions
+    return turn.decide("hold", f"hold: {why} for {baseline_version} / {optimized_version} "
+                       "(run `rollout verify`, or start the ramp with --force)", **turn.seen)
+
+
+def _rule_advance(turn: _Turn) -> Decision:
+    """7d. Advance to the next step's share."""
+    ramp, nxt = turn.ramp, turn.ramp.next_step
     target = ramp.plan.shares_bp[nxt]
-    if ramp.waiting_approval() is not None:
-        return decide("wait-approval", f"waiting for approval of step {nxt + 1} "
-                      f"({format_bp(target)}): `rollout ramp approve`", ramp, **seen)
-    passed = verdict is not None and verdict.passed
-    if not passed and not ramp.forced:
-        why = "no verify verdict" if verdict is None else "the verify verdict failed"
-        return decide("hold", f"hold: {why} for {baseline_version} / {optimized_version} "
-                      "(run `rollout verify`, or start the ramp with --force)", ramp, **seen)
+    passed = turn.verdict is not None and turn.verdict.passed
     note = "" if passed else " (forced: no passing verify verdict)"
     reason = f"advance {format_bp(ramp.expected_bp)} -> {format_bp(target)}{note}"
-    return decide("advance", reason, ramp.model_copy(
-        update={"step": nxt, "step_started_at": now, "failures": 0, "progress_since": None}),
-        target_bp=target, **seen)
+    return turn.decide("advance", reason, ramp.model_copy(update={
+        "step": nxt, "step_started_at": turn.now, "failures": 0, "progress_since": None}),
+        target_bp=target, **turn.seen)
+
+
+RULES: tuple[Callable[[_Turn], Decision | None], ...] = (
+    _rule_share, _rule_versions, _rule_kill, _rule_gates, _rule_paused, _rule_soak,
+    _rule_promote, _rule_approval, _rule_verdict, _rule_advance,
+)  # rules 1 to 7, in order; rule 8 (`_deadline`) then judges the decision
 
 
 def _step_checks(ramp: Ramp, results: tuple[CheckResult, ...]) -> tuple[CheckResult, ...]:
