@@ -123,7 +123,11 @@ async def run(args) -> dict:
         "shed_429_503": shed,
         "shed_with_retry_after": retry_after,
         "timeouts_504": statuses.get("504", 0),
-        "other": {c: n for c, n in statuses.items() if c != "200" and (c.startswith("lost") or int(c) not in EXPLICIT)},
+        "other": {
+            c: n
+            for c, n in statuses.items()
+            if c != "200" and (c.startswith("lost") or int(c) not in EXPLICIT)
+        },
         "statuses": dict(statuses),
         "throughput_ok_per_s": round(ok / elapsed, 1) if elapsed else 0.0,
         "p50_ms": round(percentile(latencies, 50), 1) if latencies else None,
@@ -157,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate <= 0 or args.requests < 1 or args.duration <= 0:
         parser.error("--rate, --requests and --duration must be positive")
     host = httpx.URL(args.url).host
-    if host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get("LOADTEST_ALLOW_REMOTE"):
-        parser.error(f"refusing to load {host}: loopback only (set LOADTEST_ALLOW_REMOTE=1 for staging)")
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    if not loopback and not os.environ.get("LOADTEST_ALLOW_REMOTE"):
+        parser.error(
+            f"refusing to load {host}: loopback only (set LOADTEST_ALLOW_REMOTE=1 for staging)"
+        )
     report = asyncio.run(run(args))
     if args.json:
         print(json.dumps(report))

@@ -136,13 +136,27 @@ def long_text(rng: random.Random, words: int) -> str:
 
 def numbers(rng: random.Random) -> str:
     forms = (
-        lambda: f"Revenue rose {rng.uniform(0, 40):.1f}% to ${rng.randint(1, 999)}.{rng.randint(0, 9)}bn",
-        lambda: f"Final score {rng.randint(0, 7)}-{rng.randint(0, 7)} after {rng.randint(90, 120)} minutes",
+        lambda: (
+            f"Revenue rose {rng.uniform(0, 40):.1f}% "
+            f"to ${rng.randint(1, 999)}.{rng.randint(0, 9)}bn"
+        ),
+        lambda: (
+            f"Final score {rng.randint(0, 7)}-{rng.randint(0, 7)} "
+            f"after {rng.randint(90, 120)} minutes"
+        ),
         lambda: f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}/{rng.randint(1990, 2030)}",
-        lambda: f"BP {rng.randint(100, 180)}/{rng.randint(60, 110)} mmHg, HR {rng.randint(50, 120)}",
-        lambda: " ".join(str(rng.randint(0, 10**rng.randint(1, 9))) for _ in range(rng.randint(1, 12))),
+        lambda: (
+            f"BP {rng.randint(100, 180)}/{rng.randint(60, 110)} mmHg, "
+            f"HR {rng.randint(50, 120)}"
+        ),
+        lambda: " ".join(
+            str(rng.randint(0, 10 ** rng.randint(1, 9))) for _ in range(rng.randint(1, 12))
+        ),
         lambda: f"{rng.uniform(-1e6, 1e6):.3e} ± {rng.random():.4f}",
-        lambda: f"Turnout was {rng.randint(30, 90)}% with {rng.randint(1000, 99999):,} votes counted",
+        lambda: (
+            f"Turnout was {rng.randint(30, 90)}% "
+            f"with {rng.randint(1000, 99999):,} votes counted"
+        ),
     )
     return rng.choice(forms)()
 
@@ -185,7 +199,9 @@ def generate(seed: int = SEED) -> list[dict]:
         text = topical(rng, label)
         style = rng.randrange(3)
         if style == 0:
-            text = " ".join(w + (rng.choice(EMOJI) if rng.random() < 0.3 else "") for w in text.split())
+            text = " ".join(
+                w + (rng.choice(EMOJI) if rng.random() < 0.3 else "") for w in text.split()
+            )
         elif style == 1:
             text = f"{rng.choice(ODD)} {text} {rng.choice(ODD)}"
         else:
@@ -194,7 +210,10 @@ def generate(seed: int = SEED) -> list[dict]:
     for _ in range(160):  # other languages, alone and mixed with English
         lang = rng.choice(sorted(FOREIGN))
         foreign = rng.choice(FOREIGN[lang])
-        add("multilingual", foreign if rng.random() < 0.4 else f"{topical(rng, rng.choice(labels))} {foreign}")
+        if rng.random() < 0.4:
+            add("multilingual", foreign)
+        else:
+            add("multilingual", f"{topical(rng, rng.choice(labels))} {foreign}")
     for _ in range(120):  # code
         snippet = rng.choice(CODE)
         add("code", snippet if rng.random() < 0.5 else f"{topical(rng, 'technology')}\n{snippet}")
@@ -225,7 +244,10 @@ def main(argv=None) -> int:
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is out of date: run python -m ops.make_regression_set", file=sys.stderr)
+            print(
+                f"{args.output} is out of date: run python -m ops.make_regression_set",
+                file=sys.stderr,
+            )
             return 1
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,9 @@ class Load:
         self.errors = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)
+        ]
 
     def _run(self, worker: int) -> None:
         with httpx.Client(base_url=self.url, timeout=10) as client:
@@ -174,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"p99 {percentile(lags, 99):.1f} ms, max {max(lags):.1f} ms")
         else:
             shares = [parse_percent(s) for s in args.shares.split(",")]
-            for configured, observed in measure_share(control, args.url, args.keys, shares, args.workers):
+            observations = measure_share(control, args.url, args.keys, shares, args.workers)
+            for configured, observed in observations:
                 print(f"configured {configured:g}% -> observed {observed:.2f}%")
     finally:
         now = control.state()

@@ -126,7 +126,7 @@ def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet,
     for arm, variant in (("baseline", baseline), ("optimized", optimized)):
         bar.stage(f"agreement: {arm}", len(chunks))
         for chunk in chunks:
-            for i, row in zip(chunk, variant.rows([texts[i] for i in chunk])):
+            for i, row in zip(chunk, variant.rows([texts[i] for i in chunk]), strict=True):
                 rows[arm][i] = row
             bar.step()
     base_rows, opt_rows = torch.stack(rows["baseline"]), torch.stack(rows["optimized"])

@@ -158,7 +158,8 @@ class Rollout:
             raise RevisionConflict(expected_revision, before.revision)
         live = {optimized for _, optimized in self.live_versions()} or {before.optimized_version}
         deployed = next(iter(live)) if len(live) == 1 else None
-        if target.effective_bp > 0 and target.optimized_version and target.optimized_version != deployed:
+        bound_elsewhere = bool(target.optimized_version) and target.optimized_version != deployed
+        if target.effective_bp > 0 and bound_elsewhere:
             raise InvalidChange(
                 f"revision {revision} routed {format_bp(target.canary_bp)} to optimized version "
                 f"{target.optimized_version}, but {deployed or 'another version'} is "

@@ -34,18 +34,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from rollout.routes import OVERRIDE_HEADER, first_match
 from rollout.state import BUCKETS, RolloutState
 
 
-class Arm(str, Enum):
+class Arm(StrEnum):
     BASELINE = "baseline"
     OPTIMIZED = "optimized"
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     CANARY = "canary"  # bucket inside the canary share
     SHARE = "share"  # bucket outside the canary share
     KILL_SWITCH = "kill-switch"

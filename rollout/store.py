@@ -90,11 +90,15 @@ class StateStore(abc.ABC):
         the current one, `before` and `after` are both the current state, nobody is notified."""
         raise NotImplementedError(f"{type(self).__name__} keeps no notes")
 
+    # Hooks with a default: an in-process store is always reachable and holds no connections,
+    # so only a networked store (RedisStateStore) overrides them.
     def ping(self) -> None:
-        """Raise StoreUnavailable when the store cannot be reached."""
+        """Raise StoreUnavailable when the store cannot be reached; by default a no-op."""
+        return None
 
     def close(self) -> None:
-        """Release connections."""
+        """Release connections; by default a no-op."""
+        return None
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:

@@ -27,7 +27,10 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
     live = live or {}
     FlipCapture.from_settings(settings)  # a CANARY_FLIP_REDACT that cannot be imported fails now
     model = ModelServer.options(
-        ray_actor_options={"num_cpus": settings.model_num_cpus, "num_gpus": settings.model_num_gpus},
+        ray_actor_options={
+            "num_cpus": settings.model_num_cpus,
+            "num_gpus": settings.model_num_gpus,
+        },
         max_ongoing_requests=settings.model_max_ongoing_requests,
         max_queued_requests=settings.model_max_queued_requests,
     )

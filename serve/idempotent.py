@@ -35,7 +35,9 @@ class Idempotency:
         if header is None:
             return None
         if not _KEY.fullmatch(header):
-            raise InvalidInput("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : @ + = / -")
+            raise InvalidInput(
+                "Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : @ + = / -"
+            )
         return header
 
     @staticmethod

@@ -2,9 +2,10 @@
 
 The gateway's own settings are in `rollout.settings`. These are Ray's (and one of OpenMP's):
 every Ray process reads them when it starts (controller, proxy, replicas). So they must be in
-the environment of the process that starts Ray: `ops/run.sh` exports them before `serve run`, the tests and
-`python -m ops.bench` set them before `ray.init`. A value already in the environment wins, so
-`RAY_SERVE_THROUGHPUT_OPTIMIZED=0 RAY_SERVE_ENABLE_HA_PROXY=0` brings back Serve's defaults.
+the environment of the process that starts Ray: `ops/run.sh` exports them before `serve run`,
+the tests and `python -m ops.bench` set them before `ray.init`. A value already in the
+environment wins, so `RAY_SERVE_THROUGHPUT_OPTIMIZED=0 RAY_SERVE_ENABLE_HA_PROXY=0` brings back
+Serve's defaults.
 
 - `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: Serve's throughput mode. User code runs on the replica's
   own event loop, with no thread hop per request. The router runs on the caller's loop. Calls

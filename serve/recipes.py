@@ -1,15 +1,16 @@
 """Optimization recipes: how the optimized variant is made from the fp32 source model.
 
-| recipe | what it does |
-| --- | --- |
-| `fp32` | the source as is (the baseline) |
-| `int8-dynamic` | every Linear int8 (per-tensor weights, dynamic per-tensor activations; torch.ao) |
-| `int8-dynamic-per-channel` | the same with per-output-channel weight scales |
-| `int8-torchao` | torchao int8 weights, dynamic per-token int8 activations |
-| `fp16`, `bf16` | the whole model in half precision (bf16 is fast on CPUs with AVX512-BF16/AMX) |
-| `fp16-graphs` | CUDA only: fp16; batches of up to 16 rows replayed as CUDA graphs (serve.graphs) |
-| `compiled` | fp32 under `torch.compile` (inductor); compiles on first use of each shape |
-| `accuracy-aware` | a per-layer plan (serve.plan): the layers a calibration run found sensitive stay in high precision, the rest become int8 |
+- `fp32`: the source as is (the baseline);
+- `int8-dynamic`: every Linear int8 (per-tensor weights, dynamic per-tensor activations;
+  torch.ao);
+- `int8-dynamic-per-channel`: the same with per-output-channel weight scales;
+- `int8-torchao`: torchao int8 weights, dynamic per-token int8 activations;
+- `fp16`, `bf16`: the whole model in half precision (bf16 is fast on CPUs with AVX512-BF16/AMX);
+- `fp16-graphs`: CUDA only: fp16; batches of up to 16 rows replayed as CUDA graphs
+  (serve.graphs);
+- `compiled`: fp32 under `torch.compile` (inductor); compiles on first use of each shape;
+- `accuracy-aware`: a per-layer plan (serve.plan): the layers a calibration run found sensitive
+  stay in high precision, the rest become int8.
 
 Every recipe takes the fp32 model and returns the model to run; the caller keeps the fp32 model
 only as long as it needs it (e.g. to embed the label descriptions once, in full precision).

@@ -63,7 +63,9 @@ class RegressionSet:
         return RegressionSet(self.path, self.examples[:limit], f"{self.digest}:{limit}")
 
 
-def load_set(path: str | Path | None = None, labels: tuple[str, ...] | None = None) -> RegressionSet:
+def load_set(
+    path: str | Path | None = None, labels: tuple[str, ...] | None = None
+) -> RegressionSet:
     """Read and check a set; `labels` (the model's) rejects unknown `label` values."""
     path = Path(path) if path else DEFAULT_SET
     try:

@@ -58,7 +58,8 @@ def parse_predict(body: bytes, settings: Settings) -> PredictRequest:
     for i, text in enumerate(request.inputs):
         if len(text) > settings.max_item_chars:
             raise InputTooLarge(
-                f"inputs[{i}] has {len(text)} characters, over the limit of {settings.max_item_chars}"
+                f"inputs[{i}] has {len(text)} characters, "
+                f"over the limit of {settings.max_item_chars}"
             )
         total += len(text)
     if total > settings.max_total_chars:

@@ -131,7 +131,9 @@ def recipe_for(arm: str, settings: Settings, device: str) -> str:
 def weights_digest(path: Path) -> str:
     """SHA-256 over the config and weight files of a model folder (names and bytes)."""
     digest = hashlib.sha256()
-    files = sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
+    files = sorted(
+        p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json"
+    )
     for file in files:
         digest.update(file.name.encode() + b"\0")
         with file.open("rb") as handle:
@@ -404,7 +406,7 @@ class Variant:
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             rows = self.embed_batch([Encoded([encoded[i] for i in chunk])], model=model)[0]
-            for i, row in zip(chunk, rows):
+            for i, row in zip(chunk, rows, strict=True):
                 out[i] = row
         return torch.stack(out)
 
@@ -422,6 +424,9 @@ class Variant:
         scores = self.scores(rows)
         top = scores.argmax(-1).tolist()
         return [
-            {"label": self.labels[best], "scores": dict(zip(self.labels, (round(s, 6) for s in row)))}
-            for best, row in zip(top, scores.tolist())
+            {
+                "label": self.labels[best],
+                "scores": dict(zip(self.labels, (round(s, 6) for s in row), strict=True)),
+            }
+            for best, row in zip(top, scores.tolist(), strict=True)
         ]

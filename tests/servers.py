@@ -87,7 +87,9 @@ class RedisServer:
                 break
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start")
+                    raise RuntimeError(
+                        f"redis-server on port {self.port} did not start"
+                    ) from None
                 time.sleep(0.05)
         client.close()
         return self

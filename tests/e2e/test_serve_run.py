@@ -108,9 +108,8 @@ def _arm_within(client, arm: str, seconds: float) -> None:
 
 def test_quick_start_serves_the_default_model(served):
     client, env = served
-    response = client.post(
-        "/v1/predict", json={"inputs": ["The new GPU doubles inference speed", "The match was a draw"]}
-    )
+    inputs = ["The new GPU doubles inference speed", "The match was a draw"]
+    response = client.post("/v1/predict", json={"inputs": inputs})
     assert response.status_code == 200
     body = response.json()
     assert body["arm"] == "baseline" and body["model_version"].startswith("fp32-")

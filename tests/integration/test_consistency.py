@@ -38,7 +38,9 @@ def test_alone_in_a_mixed_batch_and_under_concurrency(gw):
     _same(alone, _embed(gw, mixed, 1))
     assert _label(gw, [TEXT], 0) == _label(gw, mixed, 1)
     with ThreadPoolExecutor(8) as pool:  # merged into batches with other requests
-        others = [pool.submit(_embed, gw, [f"other input {i} " * (i % 6 + 1)], 0) for i in range(12)]
+        others = [
+            pool.submit(_embed, gw, [f"other input {i} " * (i % 6 + 1)], 0) for i in range(12)
+        ]
         together = [pool.submit(_embed, gw, [TEXT], 0) for _ in range(4)]
         for future in together:
             _same(alone, future.result())

@@ -30,7 +30,9 @@ def _arms(gw, keys, workers=16):
 
 
 def test_predict_answers_with_contract_fields_and_headers(gw):
-    response = gw.predict(["The new GPU doubles inference speed", "A draw"], **{"X-Request-ID": "req-42"})
+    response = gw.predict(
+        ["The new GPU doubles inference speed", "A draw"], **{"X-Request-ID": "req-42"}
+    )
     assert response.status_code == 200
     body = response.json()
     assert body["request_id"] == "req-42"
@@ -291,7 +293,8 @@ def test_malformed_request_id_is_replaced_not_echoed(gw):
 def test_service_endpoints(gw):
     assert gw.client.get("/healthz").json() == {"status": "ok"}
     ready = gw.client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["models"] == {"baseline": True, "optimized": True}
+    assert ready.status_code == 200
+    assert ready.json()["models"] == {"baseline": True, "optimized": True}
     served = gw.served_state()
     assert served["serving"]["baseline"] == served["state"]["baseline_version"]
     assert served["serving"]["optimized"] == served["state"]["optimized_version"]
@@ -314,7 +317,8 @@ def test_share_set_for_another_optimized_version_routes_nothing(gw):
     control = gw.rollout()
     before = control.state()
     bound_elsewhere = before.model_copy(update=dict(
-        revision=before.revision + 1, canary_bp=10_000, optimized_version="int8-dynamic-0ld0ld0ld0ld",
+        revision=before.revision + 1, canary_bp=10_000,
+        optimized_version="int8-dynamic-0ld0ld0ld0ld",
     ))
     control.store.compare_and_set(before, bound_elsewhere, actor="test", action="canary",
                                   reason="a share approved for an older model")

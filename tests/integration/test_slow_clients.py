@@ -39,7 +39,7 @@ def _status_and_headers(sock: socket.socket) -> tuple[int, list[tuple[str, str]]
 
 def _count(gw, status: int) -> float:
     text = gw.client.get("/metrics").text
-    found = re.findall(r'^canary_requests_total\{[^}]*status="%d"[^}]*\} (\S+)$' % status,
+    found = re.findall(rf'^canary_requests_total\{{[^}}]*status="{status:d}"[^}}]*\}} (\S+)$',
                        text, re.M)
     return sum(float(v) for v in found)
 

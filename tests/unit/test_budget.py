@@ -50,7 +50,9 @@ def test_sick_canary_never_doubles_the_load():
         assert window <= 0.1 * 500 + 1 * 10 + 1
 
 
-@pytest.mark.parametrize("kwargs", [dict(ratio=-1, min_per_s=0), dict(ratio=0, min_per_s=0, window_s=0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(ratio=-1, min_per_s=0), dict(ratio=0, min_per_s=0, window_s=0)]
+)
 def test_invalid_budgets_are_refused(kwargs):
     with pytest.raises(ValueError):
         RetryBudget(**kwargs)

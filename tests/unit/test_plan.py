@@ -2,6 +2,7 @@
 tuned on, its plan is cached and reused, and the plan is part of the version."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,7 +78,7 @@ def test_plan_is_cached_and_part_of_the_version(setup):
     weights = optimized.version  # any digest: only the comparison matters
     assert variant_version(weights, "accuracy-aware", other) != variant_version(
         weights, "accuracy-aware", optimized.plan)
-    files = list((settings.plan_dir and __import__("pathlib").Path(settings.plan_dir)).glob("*.json"))
+    files = list(Path(settings.plan_dir).glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["int8"] == optimized.plan["int8"]
 
 
