@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 
@@ -116,6 +116,18 @@ class AdaptiveLimit:
         finally:
             with contextlib.suppress(ValueError):
                 self._waiting.remove(future)
+
+    @contextlib.asynccontextmanager
+    async def admitted(self) -> AsyncIterator[Slot | None]:
+        """A slot held for the block (`enter`; None: shed the request), given back by `leave`
+        in one place when the block ends, however it ends (an answer, an error, the client
+        gone): the in-flight count as a context manager."""
+        slot = await self.enter()
+        try:
+            yield slot
+        finally:
+            if slot is not None:
+                self.leave(slot)
 
     def _admit(self) -> Slot:
         self.in_flight += 1

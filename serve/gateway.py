@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,6 +44,7 @@ from rollout import (
 from rollout.budget import RetryBudget
 from serve import ingress
 from serve.admission import AdaptiveLimit, ShedSummary, Slot
+from serve.answer import BatchShape, ModelAnswer
 from serve.batching import Expired, RowsDidNotFit
 from serve.coalesce import CallFailed, Coalescer
 from serve.dashboard import DashboardRoutes
@@ -51,10 +53,8 @@ from serve.errors import (
     BodyTimeout,
     ClientGone,
     GatewayError,
-    InProgress,
     InputTooLarge,
     InvalidInput,
-    KeyReused,
     ModelFailed,
     ModelTimeout,
     Overloaded,
@@ -68,7 +68,13 @@ from serve.notify import RedisLedger, StoreOutageNotifier
 from serve.observe import Observation, Observer
 from serve.override import override_allowed
 from serve.preprocess import Preprocessor
-from serve.schemas import MAX_ROUTING_KEY, max_body_bytes, parse_predict, request_id_from
+from serve.schemas import (
+    MAX_ROUTING_KEY,
+    PredictRequest,
+    max_body_bytes,
+    parse_predict,
+    request_id_from,
+)
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
 from serve.variants import check_labels
@@ -149,11 +155,22 @@ def server_timing(stages: dict[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.3f}" for name, ms in stages.items())
 
 
-def batch_timing(batch: dict) -> str:
+def batch_timing(batch: BatchShape) -> str:
     """The batch the request rode in: its requests and inputs, and how many requests shared
     the gateway's call to the model (serve.coalesce; 1 without coalescing)."""
-    return (f', batch;desc="requests={batch["requests"]} items={batch["items"]} '
-            f'call={batch.get("call", 1)}"')
+    return f', batch;desc="requests={batch.requests} items={batch.items} call={batch.call}"'
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """One admitted request on its way through `Gateway._predict`: what its steps share."""
+
+    rid: str
+    incoming: str | None  # the client's X-Request-ID, if it sent one
+    obs: Observation
+    slot: Slot
+    start: float  # perf_counter when the request arrived
+    admitted: float  # perf_counter when it got its slot
 
 
 @serve.deployment(name="gateway")
@@ -265,107 +282,134 @@ class Gateway(DashboardRoutes):
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
             return to_response(exc, rid, incoming)
-        slot = await self.admission.enter()
-        if slot is None:
-            obs.finish(503, error_type=Overloaded.type)
-            return to_response(Overloaded("the gateway is at capacity; retry later"), rid, incoming)
-        try:
-            return await self._predict(request, body, slot, time.perf_counter(), start, obs)
-        finally:
-            self.admission.leave(slot)
+        async with self.admission.admitted() as slot:
+            if slot is None:
+                obs.finish(503, error_type=Overloaded.type)
+                return to_response(Overloaded("the gateway is at capacity; retry later"), rid,
+                                   incoming)
+            exchange = _Exchange(rid, incoming, obs, slot, start, time.perf_counter())
+            return await self._predict(request, body, exchange)
 
-    async def _predict(self, request: Request, body: bytes, slot: Slot, admitted: float,
-                       start: float, obs: Observation) -> JSONResponse:
-        rid, incoming = _ids(request)
-        idempotency_key = fp = None
+    async def _predict(self, request: Request, body: bytes, ex: _Exchange) -> JSONResponse:
+        """An admitted request, one step each: parse -> claim its Idempotency-Key (or replay
+        the stored answer) -> route -> call the arm (with fallback) -> respond -> offer a
+        shadow comparison. A GatewayError becomes the client's error response; the claim
+        settles itself when its block ends, however it ends."""
         try:
-            overridden = override_allowed(self.settings.operator_token, request.headers)
-            parsed = parse_predict(body, self.settings)
-            task = parsed.task or self.settings.default_task
-            obs.parsed(parsed.inputs, task)
-            if task not in self.tasks:
-                raise InvalidInput(f"task {task!r} is not supported by this model")
-            idempotency_key = Idempotency.key_from(request.headers.get("idempotency-key"))
-            if idempotency_key is not None:
-                fp = Idempotency.fingerprint(task, parsed.inputs)
-                stored, owned = await self.idempotency.begin(idempotency_key, fp)
-                if stored is not None:
-                    obs.finish(stored["status"], arm=stored["body"]["arm"], replayed=True)
-                    return JSONResponse(stored["body"], status_code=stored["status"],
-                                        headers={**stored["headers"], **REPLAYED})
-                if not owned:  # the store is unreachable: serve without deduplication
-                    idempotency_key = None
-            key = (request.headers.get("x-routing-key") or rid)[:MAX_ROUTING_KEY]
-            routing = time.perf_counter()
-            view = self.watcher.view()
-            decision = decide(
-                view.state, key, stale=view.stale, salt=self.settings.routing_salt,
-                serving=self.serving, headers=request.headers, override_allowed=overridden,
-            )
-            obs.route(decision, view, routing)
-            deadline = start + self.settings.request_timeout_s
-            inputs = await self.preprocess.encode(parsed.inputs)
-            result, fallback = await self._call_with_fallback(
-                obs, decision.arm, inputs, task, deadline, rid
-            )
+            parsed, task = self._parse(body, ex.obs)
+            key = request.headers.get("idempotency-key")
+            async with self.idempotency.claim(key, task, parsed.inputs) as claim:
+                if claim.replay is not None:
+                    return self._replay(claim.replay, ex.obs)
+                try:
+                    decision = self._route(request, ex)
+                    answer, fallback = await self._call_arm(decision.arm, parsed.inputs, task, ex)
+                except GatewayError as exc:  # answered before the claim is released
+                    return self._failed(exc, ex)
+                response, stored = self._respond(answer, fallback, decision.label, task, ex)
+                claim.complete(stored)
         except GatewayError as exc:
-            obs.finish(exc.status, error_type=exc.type)
-            if isinstance(exc, (ModelTimeout, Overloaded)):
-                slot.overloaded()
-            if idempotency_key is not None and not isinstance(exc, (KeyReused, InProgress)):
-                await self.idempotency.finish(idempotency_key, fp, None)
-            return to_response(exc, rid, incoming)
+            return self._failed(exc, ex)
         except BaseException as exc:
-            if idempotency_key is not None:
-                await asyncio.shield(self.idempotency.finish(idempotency_key, fp, None))
-            if isinstance(exc, asyncio.CancelledError):  # the client went away
-                obs.finish(499, error_type="cancelled")
-            else:
-                obs.finish(500, error_type="internal_error")
+            self._abandoned(exc, ex.obs)
             raise
-        total_ms = (time.perf_counter() - start) * 1000
+        if self.shadow.enabled and not fallback:
+            self._offer_shadow(ex.obs, answer, parsed.inputs, task)
+        return response
+
+    def _parse(self, body: bytes, obs: Observation) -> tuple[PredictRequest, str]:
+        """The request body as inputs and a task this model serves (422 otherwise)."""
+        parsed = parse_predict(body, self.settings)
+        task = parsed.task or self.settings.default_task
+        obs.parsed(parsed.inputs, task)
+        if task not in self.tasks:
+            raise InvalidInput(f"task {task!r} is not supported by this model")
+        return parsed, task
+
+    def _replay(self, stored: dict, obs: Observation) -> JSONResponse:
+        """The response stored under the request's Idempotency-Key, sent again as it was."""
+        obs.finish(stored["status"], arm=stored["body"]["arm"], replayed=True)
+        return JSONResponse(stored["body"], status_code=stored["status"],
+                            headers={**stored["headers"], **REPLAYED})
+
+    def _route(self, request: Request, ex: _Exchange):
+        """The arm for the request (rollout.policy `decide`): from the cached rollout state,
+        never a Redis call, keyed on `X-Routing-Key` (else the request ID), with the header
+        routes and, when the operator token allows it, the override header."""
+        overridden = override_allowed(self.settings.operator_token, request.headers)
+        key = (request.headers.get("x-routing-key") or ex.rid)[:MAX_ROUTING_KEY]
+        routing = time.perf_counter()
+        view = self.watcher.view()
+        decision = decide(
+            view.state, key, stale=view.stale, salt=self.settings.routing_salt,
+            serving=self.serving, headers=request.headers, override_allowed=overridden,
+        )
+        ex.obs.route(decision, view, routing)
+        return decision
+
+    async def _call_arm(self, arm: Arm, texts: list[str], task: str,
+                        ex: _Exchange) -> tuple[ModelAnswer, bool]:
+        """The arm's answer within the request's deadline (`request_timeout_s` from its
+        arrival), and whether it came from the baseline fallback."""
+        deadline = ex.start + self.settings.request_timeout_s
+        inputs = await self.preprocess.encode(texts)
+        return await self._call_with_fallback(ex.obs, arm, inputs, task, deadline, ex.rid)
+
+    def _respond(self, answer: ModelAnswer, fallback: bool, routing: str, task: str,
+                 ex: _Exchange) -> tuple[JSONResponse, dict]:
+        """The 200 response (and the record an Idempotency-Key stores to replay it); what the
+        request saw goes to the admission and the observation."""
         if fallback:
-            slot.overloaded()
+            ex.slot.overloaded()
         else:
-            slot.answered(time.perf_counter() - admitted, result["timing"]["model"] / 1000,
-                          self.admission.target_s)
-        timing = dict(result["timing"])
+            ex.slot.answered(time.perf_counter() - ex.admitted, answer.timing.model / 1000,
+                             self.admission.target_s)
+        total_ms = (time.perf_counter() - ex.start) * 1000
+        timing = answer.timing.as_dict()
         timing["gateway"] = max(total_ms - sum(timing.values()), 0.0)
         timing["total"] = total_ms
-        obs.finish(200, arm=result["arm"], fallback=fallback, gateway_ms=timing["gateway"])
-        headers = {
-            **id_headers(rid, incoming),
-            "X-Canary-Arm": result["arm"],
-            "X-Canary-Reason": decision.label,
-            "Server-Timing": server_timing(timing) + batch_timing(result["batch"]),
-        }
+        ex.obs.finish(200, arm=answer.arm, fallback=fallback, gateway_ms=timing["gateway"])
         body = {
-            "request_id": rid,
-            "arm": result["arm"],
-            "model_version": result["model_version"],
+            "request_id": ex.rid,
+            "arm": answer.arm,
+            "model_version": answer.model_version,
             "task": task,
-            "outputs": result["outputs"],
+            "outputs": answer.outputs,
             "fallback": fallback,
-            "routing": decision.label,  # why this arm: share, canary, route:r1, override, ...
+            "routing": routing,  # why this arm: share, canary, route:r1, override, ...
         }
-        if idempotency_key is not None:
-            replay_headers = {"X-Request-ID": rid, "X-Canary-Arm": result["arm"],
-                              "X-Canary-Reason": decision.label}
-            await self.idempotency.finish(
-                idempotency_key, fp, {"status": 200, "body": body, "headers": replay_headers}
-            )
-        if self.shadow.enabled and not fallback:
-            self._offer_shadow(obs, result, parsed.inputs, task)
-        return JSONResponse(body, headers=headers)
+        arm_headers = {"X-Canary-Arm": answer.arm, "X-Canary-Reason": routing}
+        headers = {**id_headers(ex.rid, ex.incoming), **arm_headers,
+                   "Server-Timing": server_timing(timing) + batch_timing(answer.batch)}
+        stored = {"status": 200, "body": body,
+                  "headers": {"X-Request-ID": ex.rid, **arm_headers}}
+        return JSONResponse(body, headers=headers), stored
 
-    def _offer_shadow(self, obs: Observation, result: dict, texts: list[str], task: str) -> None:
+    def _failed(self, exc: GatewayError, ex: _Exchange) -> JSONResponse:
+        """A domain error as the client's response; a deadline missed or a full model queue
+        also tells the admission."""
+        ex.obs.finish(exc.status, error_type=exc.type)
+        if isinstance(exc, (ModelTimeout, Overloaded)):
+            ex.slot.overloaded()
+        return to_response(exc, ex.rid, ex.incoming)
+
+    @staticmethod
+    def _abandoned(exc: BaseException, obs: Observation) -> None:
+        """A request that ends without a response: the client went away (499) or a bug."""
+        if isinstance(exc, asyncio.CancelledError):
+            obs.finish(499, error_type="cancelled")
+        else:
+            obs.finish(500, error_type="internal_error")
+
+    def _offer_shadow(self, obs: Observation, result: ModelAnswer, texts: list[str],
+                      task: str) -> None:
         """Maybe compare with the other arm in the background (never awaited here); safety is
         judged on the state as it is now, not as it was when the request was routed. A bug
         here is logged; the answered request is not affected."""
         try:
             view = self.watcher.view()
             _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
-            self.shadow.offer(answered=Arm(result["arm"]), result=result, texts=texts, task=task,
+            self.shadow.offer(answered=Arm(result.arm), result=result, texts=texts, task=task,
                               in_flight=self.in_flight, override=override, parent=obs.context,
                               request_id=getattr(obs, "request_id", ""))
         except Exception:
@@ -390,7 +434,7 @@ class Gateway(DashboardRoutes):
 
     async def _call_with_fallback(
         self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
-    ) -> tuple[dict, bool]:
+    ) -> tuple[ModelAnswer, bool]:
         """A failed canary call is retried once on baseline, within the deadline and within the
         retry budget (rollout.budget); a baseline failure is never retried on the canary."""
         first_deadline = deadline
@@ -407,12 +451,13 @@ class Gateway(DashboardRoutes):
                 log.warning("request %s: optimized arm failed (%s), retry budget spent",
                             rid, exc.type)
                 raise ModelFailed(f"{exc.message} (no retry: the retry budget is spent)") from None
-            log.warning("request %s: optimized arm failed (%s), retrying on baseline", rid, exc.type)
+            log.warning("request %s: optimized arm failed (%s), retrying on baseline",
+                        rid, exc.type)
         return await self._call(obs, Arm.BASELINE, texts, task, deadline), True
 
     async def _call(
         self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float
-    ) -> dict:
+    ) -> ModelAnswer:
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             raise ModelTimeout(f"no time left for the {arm.value} model within the deadline")
@@ -426,7 +471,7 @@ class Gateway(DashboardRoutes):
 
     async def _remote(
         self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
-    ) -> dict:
+    ) -> ModelAnswer:
         """One model call for one request (also the shadow's way to the other arm)."""
         response = self.handles[arm].predict.remote(texts, task, carrier, time.time() + remaining)
         try:
@@ -442,7 +487,7 @@ class Gateway(DashboardRoutes):
 
     async def _coalesced(
         self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
-    ) -> dict:
+    ) -> ModelAnswer:
         """This request's answer from a model call it may share (serve.coalesce)."""
         try:
             call = (texts, task, carrier, time.time() + remaining)  # the deadline goes along
@@ -452,7 +497,7 @@ class Gateway(DashboardRoutes):
         except Exception as exc:
             raise _model_error(arm, exc) from None
 
-    async def _send(self, arm: Arm, calls: list[tuple]) -> list:
+    async def _send(self, arm: Arm, calls: list[tuple]) -> list[ModelAnswer | Exception]:
         response = self.handles[arm].predict_many.remote(calls)
         try:
             return await response
@@ -499,7 +544,7 @@ class Gateway(DashboardRoutes):
         checks = await asyncio.gather(
             *(self._ping(arm) for arm in self.handles), return_exceptions=False
         )
-        models = dict(zip((arm.value for arm in self.handles), checks))
+        models = dict(zip((arm.value for arm in self.handles), checks, strict=True))
         ready = models[Arm.BASELINE.value]
         body = {
             "ready": ready,

@@ -9,9 +9,12 @@ side effects, and availability wins) and a warning is logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from rollout import RolloutError, Settings
 from rollout.idempotency import IdempotencyRecord, RedisIdempotencyStore, fingerprint
@@ -21,6 +24,18 @@ log = logging.getLogger("canary.gateway")
 
 _KEY = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
 REPLAYED = {"Idempotency-Status": "replayed"}
+
+
+@dataclass
+class Claim:
+    """A request's hold on its `Idempotency-Key` (`Idempotency.claim`)."""
+
+    replay: dict | None = None  # a stored response: send it instead of serving the request
+    response: dict | None = None  # the response to store, once the request is answered
+
+    def complete(self, response: dict) -> None:
+        """The request was answered: store `response` for a retry with the same key."""
+        self.response = response
 
 
 class Idempotency:
@@ -43,6 +58,31 @@ class Idempotency:
     @staticmethod
     def fingerprint(task: str, inputs: list[str]) -> str:
         return fingerprint(task, json.dumps(inputs, ensure_ascii=False))
+
+    @contextlib.asynccontextmanager
+    async def claim(self, header: str | None, task: str,
+                    inputs: list[str]) -> AsyncIterator[Claim]:
+        """The request's key (`header`) held for the block: a stored response to replay
+        (`Claim.replay`), a reused key or one still being served refused (KeyReused,
+        InProgress), an invalid one refused (InvalidInput). No key, or the store unreachable:
+        the block runs without deduplication. A key this request owns is settled in exactly
+        one place, when the block ends however it ends: the response `Claim.complete` gave is
+        stored; without one (an error response, the client gone, a cancelled call) the key is
+        released so that a retry can run."""
+        key = self.key_from(header)
+        if key is None:
+            yield Claim()
+            return
+        fp = self.fingerprint(task, inputs)
+        stored, owned = await self.begin(key, fp)
+        claim = Claim(replay=stored)
+        if not owned:  # a replay, or the store is unreachable: nothing to settle
+            yield claim
+            return
+        try:
+            yield claim
+        finally:
+            await asyncio.shield(self.finish(key, fp, claim.response))
 
     async def begin(self, key: str, fp: str) -> tuple[dict | None, bool]:
         """(stored response to replay or None, whether this request owns the key)."""

@@ -26,6 +26,7 @@ from ray import serve
 
 from rollout import open_store
 from rollout.settings import Settings
+from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.autopick import describe
 from serve.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
@@ -210,7 +211,7 @@ class ModelServer:
         self._batched.set_batch_wait_timeout_s(wait)
 
     async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None,
-                      deadline: float | None = None) -> dict:
+                      deadline: float | None = None) -> ModelAnswer:
         """`texts`, or their token ids from the gateway (`Encoded`, serve.preprocess).
         `trace`: the caller's W3C trace carrier (`traceparent`), to join its trace.
         `deadline`: the caller's deadline (wall clock, `time.time()`); a request still waiting
@@ -220,29 +221,15 @@ class ModelServer:
         queue_length = self.waiting
         forwarded: _Forwarded | None = None
         try:
-            if isinstance(texts, Encoded):  # tokenized by the gateway (serve.preprocess)
-                encoded = texts
-            else:
-                encoded = self.variant.encode(texts)
-            if deadline is not None and time.time() >= deadline:
-                self.expired += 1
-                raise Expired("the deadline passed before the request reached a batch")
+            encoded = self._encode_in_time(texts, deadline)
             marks.queued = time.perf_counter()
-            item = _Queued(encoded, marks.queued, self, deadline)
-            self._batch_window()
-            self.waiting += 1
-            try:
-                forwarded = await self._batched(item)
-            finally:
-                item.leave()
+            forwarded = await self._ride_batch(_Queued(encoded, marks.queued, self, deadline))
             marks.batch_start, marks.forward_start, marks.forward_end = (
                 forwarded.batch_start, forwarded.forward_start, forwarded.forward_end)
             if isinstance(forwarded.rows, (RowsDidNotFit, Expired)):
                 raise forwarded.rows
             marks.post_start = time.perf_counter()
-            outputs = self.variant.postprocess(task, forwarded.rows)
-            if self.fault_rotate_labels and task == "classify":
-                outputs = rotate_labels(outputs)
+            outputs = self._postprocess(task, forwarded.rows)
             marks.done = time.perf_counter()
         except BaseException as exc:
             if clock is not None:
@@ -250,34 +237,58 @@ class ModelServer:
             raise
         if clock is not None:
             self._spans(trace, clock, marks, texts, task, queue_length, forwarded)
-        return {
-            "arm": self.arm,
-            "model_version": self.variant.version,
-            "outputs": outputs,
-            "tokens": encoded.tokens,
-            "batch": {"requests": forwarded.batch_requests, "items": forwarded.batch_items},
-            "queue": queue_length,
-            "timing": {
-                "preprocess": encoded.preprocess_ms if encoded.preprocess_ms is not None
-                else _ms(marks.queued - marks.start),
-                "queue": forwarded.queue_ms,
-                "model": forwarded.model_ms,
-                "postprocess": _ms(marks.done - marks.post_start),
-            },
-        }
+        return self._answer(outputs, encoded, forwarded, marks, queue_length)
 
-    async def predict_many(self, calls: list[tuple]) -> list[dict | Exception]:
+    def _encode_in_time(self, texts: list[str] | Encoded, deadline: float | None) -> Encoded:
+        """The request's token ids (tokenized here unless the gateway did), or `Expired` when
+        its deadline already passed."""
+        encoded = texts if isinstance(texts, Encoded) else self.variant.encode(texts)
+        if deadline is not None and time.time() >= deadline:
+            self.expired += 1
+            raise Expired("the deadline passed before the request reached a batch")
+        return encoded
+
+    async def _ride_batch(self, item: _Queued) -> _Forwarded:
+        """Queue for `@serve.batch` (counted in `waiting` until the batch takes it) and wait
+        for the batch's forward."""
+        self._batch_window()
+        self.waiting += 1
+        try:
+            return await self._batched(item)
+        finally:
+            item.leave()
+
+    def _postprocess(self, task: str, rows) -> list[dict]:
+        outputs = self.variant.postprocess(task, rows)
+        if self.fault_rotate_labels and task == "classify":
+            outputs = rotate_labels(outputs)
+        return outputs
+
+    def _answer(self, outputs: list[dict], encoded: Encoded, forwarded: _Forwarded,
+                marks: Marks, queue_length: int) -> ModelAnswer:
+        preprocess = (encoded.preprocess_ms if encoded.preprocess_ms is not None
+                      else _ms(marks.queued - marks.start))
+        return ModelAnswer(
+            arm=self.arm,
+            model_version=self.variant.version,
+            outputs=outputs,
+            tokens=encoded.tokens,
+            batch=BatchShape(requests=forwarded.batch_requests, items=forwarded.batch_items),
+            queue=queue_length,
+            timing=StageTiming(preprocess=preprocess, queue=forwarded.queue_ms,
+                               model=forwarded.model_ms,
+                               postprocess=_ms(marks.done - marks.post_start)),
+        )
+
+    async def predict_many(self, calls: list[tuple]) -> list[ModelAnswer | Exception]:
         """Requests coalesced by a gateway (serve.coalesce): each `(texts, task, trace,
-        deadline)` is
-        answered as `predict` answers it alone, in the same queue and batches; a request's
-        failure comes back in its place (inputs that did not fit as `RowsDidNotFit`, anything
-        else as `CallFailed`), so it fails that request only."""
+        deadline)` is answered as `predict` answers it alone, in the same queue and batches; a
+        request's failure comes back in its place (inputs that did not fit as `RowsDidNotFit`,
+        anything else as `CallFailed`), so it fails that request only."""
         answers = await asyncio.gather(*(self.predict(*call) for call in calls),
                                        return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, dict):
-                answer["batch"]["call"] = len(calls)  # requests that shared the gateway's call
-        return [_carried(a) if isinstance(a, BaseException) else a for a in answers]
+        return [_carried(a) if isinstance(a, BaseException) else a.in_call(len(calls))
+                for a in answers]
 
     def _spans(self, carrier, clock, marks, texts, task, queue_length, forwarded, error=None):
         batch = None if forwarded is None else {
@@ -331,7 +342,7 @@ class ModelServer:
         return [
             _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items, batch_id,
                        started, forward_start, forward_end)
-            for r, item in zip(rows, queued)
+            for r, item in zip(rows, queued, strict=True)
         ]
 
     def __del__(self):

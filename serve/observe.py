@@ -29,6 +29,7 @@ from rollout.policy import Decision
 from rollout.redis_telemetry import WindowItem
 from rollout.watcher import StateView
 from rollout.windows import Attempt, RequestRecord
+from serve.answer import ModelAnswer
 from serve.errors import ModelTimeout, Overloaded
 from serve.metrics import GatewayMetrics
 from serve.telemetry import Telemetry
@@ -63,15 +64,15 @@ def call_outcome(exc: BaseException | None) -> str:
     return "error"
 
 
-def attempt_from(arm: str, result: Mapping, items: int, price: float = 0.0) -> Attempt:
+def attempt_from(arm: str, result: ModelAnswer, items: int, price: float = 0.0) -> Attempt:
     """What an answered model call reports (its `timing`, `batch`, `queue`) as an Attempt;
     its compute time is its share (by items) of the batch's forward, priced per device-hour."""
-    timing, batch = result["timing"], result["batch"]
-    stages = {"preprocess": timing["preprocess"], "queue": timing["queue"],
-              "forward": timing["model"], "postprocess": timing["postprocess"]}
-    share = items / batch["items"] if batch.get("items") else 1.0
-    compute_s = timing["model"] / 1000 * share
-    return Attempt(arm, "ok", stages, batch["requests"], int(result.get("queue", 0)),
+    timing, batch = result.timing, result.batch
+    stages = {"preprocess": timing.preprocess, "queue": timing.queue,
+              "forward": timing.model, "postprocess": timing.postprocess}
+    share = items / batch.items if batch.items else 1.0
+    compute_s = timing.model / 1000 * share
+    return Attempt(arm, "ok", stages, batch.requests, int(result.queue),
                    compute_s, compute_s * price / 3600)
 
 
@@ -110,9 +111,9 @@ class _Call:
             attributes={"canary.arm": arm, "canary.attempt": self.attempt,
                         "canary.retry": self.attempt > 1})
         self.carrier = inject(trace.set_span_in_context(self.span))
-        self.result: Mapping | None = None
+        self.result: ModelAnswer | None = None
 
-    def answered(self, result: Mapping) -> None:
+    def answered(self, result: ModelAnswer) -> None:
         self.result = result
 
     def __enter__(self) -> _Call:
@@ -225,7 +226,7 @@ class Observation:
 class _NullCall:
     carrier = None
 
-    def answered(self, result: Mapping) -> None:
+    def answered(self, result: ModelAnswer) -> None:
         pass
 
     def __enter__(self) -> _NullCall:

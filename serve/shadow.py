@@ -48,13 +48,14 @@ from rollout.flips import FlipCapture
 from rollout.policy import Arm, Reason
 from rollout.settings import Settings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
+from serve.answer import ModelAnswer
 from serve.observe import call_outcome
 from serve.telemetry import Telemetry
 
 log = logging.getLogger("canary.shadow")
 
 # arm, texts, task, timeout (s), trace carrier -> the arm's answer (Gateway._remote)
-ShadowCall = Callable[[Arm, list[str], str, float, dict | None], Awaitable[Mapping]]
+ShadowCall = Callable[[Arm, list[str], str, float, dict | None], Awaitable[ModelAnswer]]
 COSINE_BOUNDS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999, 0.999999)
 
 
@@ -108,7 +109,7 @@ class Shadow:
     def active(self) -> int:
         return len(self.tasks)
 
-    def offer(self, *, answered: Arm, result: Mapping, texts: list[str], task: str,
+    def offer(self, *, answered: Arm, result: ModelAnswer, texts: list[str], task: str,
               in_flight: int, override: Reason | None, parent=None,
               request_id: str = "") -> str:
         """Maybe shadow one answered request; what happened: `off`, `unsampled`, `unsafe`,
@@ -122,7 +123,7 @@ class Shadow:
             return "unsafe"
         target = Arm.OPTIMIZED if answered is Arm.BASELINE else Arm.BASELINE
         if (in_flight > settings.shadow_shed_in_flight
-                or int(result.get("queue", 0)) > settings.shadow_shed_queue
+                or result.queue > settings.shadow_shed_queue
                 or self.active >= settings.shadow_max_concurrency):
             self._record(target, "shed", shadow_fields(shed=1))
             return "shed"
@@ -135,7 +136,7 @@ class Shadow:
     def _done(self, job: asyncio.Task) -> None:
         self.tasks.discard(job)
 
-    async def _run(self, target: Arm, answered: Arm, result: Mapping, texts: list[str],
+    async def _run(self, target: Arm, answered: Arm, result: ModelAnswer, texts: list[str],
                    task: str, parent, request_id: str = "") -> None:
         span = self.telemetry.tracer.start_span("shadow", context=parent, attributes={
             "canary.arm": target.value, "canary.shadow.of": answered.value,
@@ -143,7 +144,7 @@ class Shadow:
         try:
             other = await self.call(target, texts, task, self.settings.shadow_timeout_s, None)
             baseline, optimized = (result, other) if answered is Arm.BASELINE else (other, result)
-            pairs = compare(task, baseline["outputs"], optimized["outputs"])
+            pairs = compare(task, baseline.outputs, optimized.outputs)
         except asyncio.CancelledError:
             span.set_attribute("canary.shadow.outcome", "cancelled")
             span.end()
@@ -172,7 +173,7 @@ class Shadow:
         if agreed and not all(agreed):
             self._capture(task, texts, baseline, optimized, pairs, request_id)
 
-    def _capture(self, task: str, texts: list[str], baseline: Mapping, optimized: Mapping,
+    def _capture(self, task: str, texts: list[str], baseline: ModelAnswer, optimized: ModelAnswer,
                  pairs: Sequence[PairOutcome], request_id: str) -> None:
         """Flipped inputs to the flip stream through the sink (rollout.flips); never raises."""
         capture = self.flips
@@ -181,11 +182,11 @@ class Shadow:
         try:
             before = dict(capture.counts)
             records = capture.records(
-                task=task, texts=texts, baseline=baseline["outputs"],
-                optimized=optimized["outputs"], agreed=[p.agreed for p in pairs],
+                task=task, texts=texts, baseline=baseline.outputs,
+                optimized=optimized.outputs, agreed=[p.agreed for p in pairs],
                 ts=self.clock.time(), request_id=request_id,
-                baseline_version=str(baseline.get("model_version", "")),
-                optimized_version=str(optimized.get("model_version", "")))
+                baseline_version=baseline.model_version,
+                optimized_version=optimized.model_version)
             for outcome, count in capture.counts.items():
                 if count > before[outcome]:
                     self.metrics.flips.add(count - before[outcome], {"outcome": outcome})

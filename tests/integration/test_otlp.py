@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from rollout import RolloutState, Settings, StateView, decide
+from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.observe import Observer
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
@@ -22,8 +23,9 @@ from tests.servers import free_port
 
 pytestmark = pytest.mark.integration
 
-ANSWER = {"timing": {"preprocess": 1.0, "queue": 2.0, "model": 8.0, "postprocess": 0.5},
-          "batch": {"requests": 1, "items": 1}, "queue": 0, "arm": "baseline"}
+ANSWER = ModelAnswer(arm="baseline", model_version="fp32-test", outputs=[], tokens=0,
+                     batch=BatchShape(requests=1, items=1), queue=0,
+                     timing=StageTiming(preprocess=1.0, queue=2.0, model=8.0, postprocess=0.5))
 
 
 class Receiver:

@@ -218,3 +218,36 @@ def test_sheds_reach_the_log_at_most_once_per_interval_with_their_count():
                      "(admission limit 16, 0 in flight, 0 waiting)"]
     summary.shed()
     assert len(lines) == 1 and summary.count == 1
+
+
+def test_admitted_gives_the_slot_back_however_the_block_ends():
+    """The in-flight count as a context manager: left once, on an answer, an error or a
+    cancelled request (the client went away), and nothing to leave when shed."""
+
+    async def scenario():
+        limit = AdaptiveLimit(floor=1, ceiling=1, target_s=0.0)
+        async with limit.admitted() as slot:
+            assert slot is not None and limit.in_flight == 1
+            async with limit.admitted() as shed:  # over the ceiling: shed at once
+                assert shed is None
+        assert limit.in_flight == 0
+        with pytest.raises(RuntimeError):
+            async with limit.admitted():
+                raise RuntimeError("a bug in the request path")
+        assert limit.in_flight == 0
+        entered = asyncio.Event()
+
+        async def held():
+            async with limit.admitted():
+                entered.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(held())
+        await entered.wait()
+        assert limit.in_flight == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert limit.in_flight == 0
+
+    asyncio.run(scenario())

@@ -28,6 +28,7 @@ from rollout.flips import (
 )
 from rollout.redis_layout import Keys
 from rollout.shadow import ShadowItem, aggregate_shadow
+from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.regression import load_set
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
@@ -225,6 +226,12 @@ class Store(MemoryFlips):
         super().write(items)
 
 
+def model_answer(arm: str, version: str, outputs: list[dict]) -> ModelAnswer:
+    return ModelAnswer(arm=arm, model_version=version, outputs=outputs, tokens=0,
+                       batch=BatchShape(requests=1, items=len(outputs)), queue=0,
+                       timing=StageTiming(preprocess=0.0, queue=0.0, model=0.0, postprocess=0.0))
+
+
 class Rig:
     def __init__(self, other: str, store: Store | None = None, **overrides):
         self.store, self.reader = store or Store(), InMemoryMetricReader()
@@ -234,15 +241,13 @@ class Rig:
                                    metric_readers=[self.reader], environ={})
 
         async def call(arm, texts, task, timeout, carrier):
-            return {"arm": arm.value, "model_version": "opt-v2",
-                    "outputs": [out(other, 0.5, 0.45) for _ in texts]}
+            return model_answer(arm.value, "opt-v2", [out(other, 0.5, 0.45) for _ in texts])
 
         self.shadow = Shadow(self.settings, call, self.telemetry, rng=random.Random(1),
                              clock=FakeClock(NOW))
 
     async def offer(self, *texts: str, label: str = "sports") -> None:
-        result = {"arm": "baseline", "model_version": "base-v1",
-                  "outputs": [out(label) for _ in texts]}
+        result = model_answer("baseline", "base-v1", [out(label) for _ in texts])
         assert self.shadow.offer(answered=Arm.BASELINE, result=result, texts=list(texts),
                                  task="classify", in_flight=1, override=None,
                                  request_id="req-7") == "started"

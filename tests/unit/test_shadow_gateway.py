@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from rollout import Arm, FakeClock, Reason, Settings
 from rollout.shadow import ShadowItem, aggregate_shadow
+from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.errors import ModelFailed, ModelTimeout
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
@@ -21,10 +22,12 @@ from serve.telemetry import Telemetry
 LABELS = ("sports", "politics")
 
 
-def answer(arm: str, *labels: str, queue: int = 0) -> dict:
+def answer(arm: str, *labels: str, queue: int = 0) -> ModelAnswer:
     outputs = [{"label": label, "scores": {name: 0.9 if name == label else 0.1 for name in LABELS}}
                for label in labels]
-    return {"arm": arm, "outputs": outputs, "queue": queue}
+    return ModelAnswer(arm=arm, model_version="", outputs=outputs, tokens=0,
+                       batch=BatchShape(requests=1, items=len(labels)), queue=queue,
+                       timing=StageTiming(preprocess=0.0, queue=0.0, model=0.0, postprocess=0.0))
 
 
 class Store:

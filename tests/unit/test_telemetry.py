@@ -3,6 +3,7 @@ spans and their tree, one trace across both sides, sampling, metrics, the JSON l
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from rollout import FakeClock, RolloutState, Settings, StateView, decide
 from rollout.redis_telemetry import WindowItem
+from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.errors import ModelFailed, ModelTimeout
 from serve.observe import NULL_OBSERVATION, Observer
 from serve.telemetry import Telemetry, otlp_endpoints
@@ -21,8 +23,9 @@ from serve.tracing import Marks, WallClock, record_model_spans
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
 INCOMING = {"traceparent": f"00-{TRACE}-{PARENT}-01"}
-ANSWER = {"timing": {"preprocess": 1.0, "queue": 2.0, "model": 8.0, "postprocess": 0.5},
-          "batch": {"requests": 2, "items": 4}, "queue": 3, "arm": "baseline"}
+ANSWER = ModelAnswer(arm="baseline", model_version="fp32-test", outputs=[], tokens=0,
+                     batch=BatchShape(requests=2, items=4), queue=3,
+                     timing=StageTiming(preprocess=1.0, queue=2.0, model=8.0, postprocess=0.5))
 
 
 class Store:
@@ -218,7 +221,7 @@ def test_one_json_log_line_per_request(rig):
     obs.parsed(["abc", "de"], "embed")
     route(obs)
     with obs.call("optimized") as call:
-        call.answered({**ANSWER, "arm": "optimized"})
+        call.answered(dataclasses.replace(ANSWER, arm="optimized"))
     obs.finish(200, arm="optimized")
     rig.observer.start("req-bad", {}).finish(413, error_type="input_too_large")
     rig.flush()
