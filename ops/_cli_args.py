@@ -13,6 +13,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from ops import _cli_flips, _cli_ramp, _cli_route
+from ops._cli_errors import UsageError
 from rollout.errors import InvalidChange
 from rollout.share import parse_percent
 
@@ -20,10 +21,6 @@ if TYPE_CHECKING:
     from rollout.settings import Settings
 
 PROG = "rollout"
-
-
-class UsageError(Exception):
-    """Bad command line, input or settings: exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import IO
 
 from ops import _cli_flips, _cli_kill, _cli_ramp, _cli_route
-from ops._cli_args import PROG, UsageError, build_parser, default_actor, settings_from
+from ops._cli_args import PROG, build_parser, settings_from
+from ops._cli_context import Ask, ChangeContext
+from ops._cli_errors import Aborted, NothingRecorded, UsageError, exit_for
 from ops._cli_format import (
-    change_line,
     describe_change,
     gateway_rows,
     one_line,
@@ -27,16 +28,10 @@ from ops._cli_format import (
 from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
 from rollout import (
     Clock,
-    InvalidChange,
-    PermissionDenied,
-    RevisionConflict,
-    RevisionNotFound,
     Rollout,
-    RolloutError,
     RolloutState,
     Settings,
     StateStore,
-    StoreUnavailable,
     SystemClock,
     Traces,
     format_bp,
@@ -46,20 +41,11 @@ from rollout import (
 from rollout.control import DEPLOYMENT_TTL_S, big_move
 from rollout.status import read_status
 
-
-class Aborted(Exception):
-    """The operator declined to confirm: exit 1."""
-
-
-class NotFound(Exception):
-    """What the operator asked to see is not recorded: exit 1."""
-
-
 # --- commands ---------------------------------------------------------------------------------
 
 
 @dataclass
-class _Context:
+class _Context(ChangeContext):
     args: argparse.Namespace
     rollout: Rollout
     clock: Clock
@@ -73,18 +59,16 @@ class _Context:
     settings: Settings | None = None
     ramps: object | None = None  # the ramp store (rollout.ramp.RampStore), for `ramp`
 
-    @property
-    def actor(self) -> str:
-        return getattr(self.args, "actor", None) or default_actor()
-
     def say(self, line: str) -> None:
         self.out.write(line + "\n")
 
     def warn(self, line: str) -> None:
         self.err.write(f"{PROG}: warning: {line}\n")
 
-    def done(self, what: str, after: RolloutState) -> None:
-        self.say(change_line(what, after))
+    def read_settings(self) -> Settings:
+        """The settings the stores were opened with; with stores injected (tests), read from
+        the flags and the environment."""
+        return self.settings or settings_from(self.args)
 
     def confirm(self, before: RolloutState, planned: RolloutState, question: str, what: str):
         """Ask before a big move; refuse without a terminal unless --yes."""
@@ -152,7 +136,7 @@ def _traces(ctx: _Context) -> int:
             trace_id, spans = args.trace_id, traces.get(args.trace_id)
         if not spans:
             what = f"request {args.request_id}" if args.request_id else f"trace {trace_id}"
-            raise NotFound(f"no trace recorded for {what} (expired, not sampled, or "
+            raise NothingRecorded(f"no trace recorded for {what} (expired, not sampled, or "
                            "telemetry off)")
         if args.json:
             ctx.say(json.dumps({"trace_id": trace_id, "spans": spans}))
@@ -182,12 +166,13 @@ def _canary(ctx: _Context) -> int:
         return 0
     if before.kill:
         ctx.warn("the kill switch is on: traffic stays on baseline until `rollout unkill`")
-    ctx.confirm(before, before.model_copy(update={"canary_bp": bp}),
-                f"Move canary from {old} to {new} (revision {before.revision})?",
-                f"moving the canary from {old} to {new}")
-    _, after = ctx.rollout.set_canary(bp, actor=ctx.actor, reason=ctx.args.reason,
-                                      expected_revision=before.revision)
-    ctx.done(f"canary {old} -> {new}", after)
+    ctx.change(
+        lambda: ctx.rollout.set_canary(bp, actor=ctx.actor, reason=ctx.args.reason,
+                                       expected_revision=before.revision),
+        lambda _, after: f"canary {old} -> {new}",
+        Ask(before, before.model_copy(update={"canary_bp": bp}),
+            f"Move canary from {old} to {new} (revision {before.revision})?",
+            f"moving the canary from {old} to {new}"))
     return 0
 
 
@@ -202,12 +187,13 @@ def _revert(ctx: _Context) -> int:
         ctx.say(f"nothing to revert: revision {before.revision} already has the share, kill "
                 f"switch and routes of revision {revision}")
         return 0
-    ctx.confirm(before, planned,
-                f"Revert to revision {revision} ({change}; now at revision {before.revision})?",
-                f"reverting to revision {revision} ({change})")
-    _, after = ctx.rollout.revert(revision, actor=ctx.actor, reason=ctx.args.reason,
-                                  expected_revision=before.revision)
-    ctx.done(f"revert to revision {revision}: {describe_change(before, after)}", after)
+    ctx.change(
+        lambda: ctx.rollout.revert(revision, actor=ctx.actor, reason=ctx.args.reason,
+                                   expected_revision=before.revision),
+        lambda _, after: f"revert to revision {revision}: {describe_change(before, after)}",
+        Ask(before, planned,
+            f"Revert to revision {revision} ({change}; now at revision {before.revision})?",
+            f"reverting to revision {revision} ({change})"))
     return 0
 
 
@@ -227,7 +213,7 @@ def _audit(ctx: _Context) -> int:
 def _verify(ctx: _Context) -> int:
     from ops.verify_command import verify
 
-    return verify(ctx, ctx.settings or settings_from(ctx.args))
+    return verify(ctx, ctx.read_settings())
 
 
 def _ramp(ctx: _Context) -> int:
@@ -278,31 +264,14 @@ def run(argv=None, *, store: StateStore | None = None, clock: Clock | None = Non
         ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
                        interactive, where, telemetry, app, settings, ramps)
         return _HANDLERS[args.command](ctx)
-    except KeyboardInterrupt:
-        return _fail(err, "interrupted", 130, prefix="\n")
-    except (UsageError, InvalidChange, RevisionNotFound) as exc:
-        return _fail(err, f"error: {exc}", 2)
-    except Aborted:
-        return _fail(err, "aborted: nothing was changed", 1)
-    except PermissionDenied as exc:
-        return _fail(err, f"error: {exc} (this Redis user may not change the rollout; use an "
-                          "operator's credentials)", 1)
-    except NotFound as exc:
-        return _fail(err, f"error: {exc}", 1)
-    except RevisionConflict as exc:
-        return _fail(err, f"error: {exc}: nothing was changed; check `rollout status` and "
-                          "try again", 1)
-    except StoreUnavailable as exc:
-        return _fail(err, f"error: {exc} (check REDIS_URL or --redis-url)", 1)
-    except RolloutError as exc:
-        return _fail(err, f"error: {exc}", 1)
     except BrokenPipeError:  # e.g. `rollout audit | head -1`
         if stdout is None:
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except Exception as exc:  # a bug or an unexpected store reply: still one line, no traceback
-        return _fail(err, f"error: unexpected {type(exc).__name__}: {exc}", 1)
+    except (KeyboardInterrupt, Exception) as exc:  # one line and an exit code (ops._cli_errors)
+        code, message, prefix = exit_for(exc)
+        return _fail(err, message, code, prefix=prefix)
     finally:
         for resource in (opened, opened_telemetry, opened_ramps):
             if resource is not None:

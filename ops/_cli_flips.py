@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from ops._cli_errors import NothingRecorded, UsageError
 from ops._cli_format import one_line, table, when
 from rollout.flips import FlipRecord, to_regression_row
 
@@ -45,17 +46,14 @@ def add_parser(commands, common, positive) -> None:
 
 
 def run(ctx) -> int:
-    from ops._cli_args import UsageError, settings_from
-    from ops._cli_commands import NotFound
-
     if ctx.telemetry is None:
         raise UsageError("no telemetry store to read flips from")
     args = ctx.args
     records = ctx.telemetry.flips(args.last)
-    capture_on = (ctx.settings or settings_from(args)).flip_capture
+    capture_on = ctx.read_settings().flip_capture
     if args.export:
         if not records:
-            raise NotFound(f"no flips to export: {_nothing(capture_on)}")
+            raise NothingRecorded(f"no flips to export: {_nothing(capture_on)}")
         count = export(records, args.export)
         ctx.say(f"wrote {count} inputs ({len(records)} flips) to {args.export}; replay them "
                 f"with: rollout verify --set {args.export}")
@@ -109,8 +107,6 @@ def regression_rows(records: Sequence[FlipRecord]) -> list[dict]:
 
 def export(records: Sequence[FlipRecord], path: str) -> int:
     """Write the regression set; the number of inputs written. UsageError when it cannot."""
-    from ops._cli_args import UsageError
-
     rows = regression_rows(records)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     try:

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from ops._cli_args import PROG, UsageError, build_parser, default_actor
-from ops._cli_format import change_line
+from ops._cli_args import PROG, UsageError, build_parser
+from ops._cli_context import Ask, ChangeContext
 from rollout import resp
 from rollout.killswitch import QuickSwitch
 from rollout.share import big_move, format_bp
@@ -53,26 +53,29 @@ _SECONDS = re.compile(r"\d+(\.\d+)?")
 # --- the handlers (both paths) ----------------------------------------------------------------
 
 
-def kill(ctx) -> int:
-    before, after = ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason)
-    what = "kill switch on (it was already on)" if before.kill else "kill switch off -> on"
-    ctx.done(what + ", all traffic to baseline", after)
+def kill(ctx: ChangeContext) -> int:
+    def report(before, _) -> str:
+        was = "kill switch on (it was already on)" if before.kill else "kill switch off -> on"
+        return was + ", all traffic to baseline"
+
+    ctx.change(lambda: ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason), report)
     return 0
 
 
-def unkill(ctx) -> int:
+def unkill(ctx: ChangeContext) -> int:
     before = ctx.rollout.state()
     share = format_bp(before.canary_bp)
     if not before.kill:
         ctx.say(f"kill switch already off (revision {before.revision}): nothing changed")
         return 0
-    ctx.confirm(before, before.model_copy(update={"kill": False}),
-                f"Turn the kill switch off, sending {share} of traffic to optimized "
-                f"(revision {before.revision})?",
-                f"turning the kill switch off with the canary at {share}")
-    _, after = ctx.rollout.unkill(actor=ctx.actor, reason=ctx.args.reason,
-                                  expected_revision=before.revision)
-    ctx.done(f"kill switch on -> off, {format_bp(after.effective_bp)} to optimized", after)
+    ctx.change(
+        lambda: ctx.rollout.unkill(actor=ctx.actor, reason=ctx.args.reason,
+                                   expected_revision=before.revision),
+        lambda _, after: f"kill switch on -> off, {format_bp(after.effective_bp)} to optimized",
+        Ask(before, before.model_copy(update={"kill": False}),
+            f"Turn the kill switch off, sending {share} of traffic to optimized "
+            f"(revision {before.revision})?",
+            f"turning the kill switch off with the canary at {share}"))
     return 0
 
 
@@ -96,7 +99,7 @@ class Target:
 
 
 @dataclass
-class _QuickContext:
+class _QuickContext(ChangeContext):
     """What the handlers use of the full path's context; output waits until the command is
     done, so that nothing is printed twice when the full path takes over."""
 
@@ -104,15 +107,8 @@ class _QuickContext:
     rollout: QuickSwitch
     lines: list[str] = field(default_factory=list)
 
-    @property
-    def actor(self) -> str:
-        return getattr(self.args, "actor", None) or default_actor()
-
     def say(self, line: str) -> None:
         self.lines.append(line)
-
-    def done(self, what: str, after) -> None:
-        self.say(change_line(what, after))
 
     def confirm(self, before, planned, question: str, what: str) -> None:
         if self.args.yes or not big_move(before, planned):

@@ -87,19 +87,24 @@ def run(ctx) -> int:
     action = ctx.args.route_action
     if action == "list":
         return _list(ctx)
+    args = ctx.args
     if action == "add":
-        header, values = ctx.args.header
-        _, after = ctx.rollout.add_route(header, values, ctx.args.arm, actor=ctx.actor,
-                                         reason=ctx.args.reason)
-        ctx.done(f"route {after.routes[-1].describe()} added", after)
+        header, values = args.header
+        after = ctx.change(
+            lambda: ctx.rollout.add_route(header, values, args.arm, actor=ctx.actor,
+                                          reason=args.reason),
+            lambda _, after: f"route {after.routes[-1].describe()} added")
     else:
-        before, after = ctx.rollout.remove_route(ctx.args.route_id, actor=ctx.actor,
-                                                 reason=ctx.args.reason)
-        gone = next(r for r in before.routes if r.id == ctx.args.route_id)
-        ctx.done(f"route {gone.describe()} removed", after)
+        after = ctx.change(
+            lambda: ctx.rollout.remove_route(args.route_id, actor=ctx.actor, reason=args.reason),
+            lambda before, _: f"route {_route(before, args.route_id).describe()} removed")
     if after.kill:
         ctx.warn("the kill switch is on: every request goes to baseline until `rollout unkill`")
     return 0
+
+
+def _route(state, route_id: str):
+    return next(r for r in state.routes if r.id == route_id)
 
 
 def _list(ctx) -> int:

@@ -9,8 +9,13 @@
     ├── LeaseLost           a ramp controller wrote without holding its lease
     └── StoreUnavailable    the state store cannot be reached
 
-Nothing here knows about HTTP or exit codes: the gateway and the CLI map these at their edges.
+Nothing here knows about HTTP or processes: the dashboard and the CLI map these at their edges,
+both from the one table at the end of this module (`ANSWERS`: exit code and HTTP status).
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class RolloutError(Exception):
@@ -50,3 +55,34 @@ class LeaseLost(RolloutError):
 
 class StoreUnavailable(RolloutError, ConnectionError):
     """The state store cannot be reached (connection refused, timeout, auth failure)."""
+
+
+# --- how the edges answer them ----------------------------------------------------------------
+# One table for both edges that translate these errors: the `rollout` command (ops._cli_errors:
+# exit codes) and the dashboard (serve.dashboard.errors: HTTP statuses). Plain ints: nothing
+# here knows HTTP or processes. Most specific first: the first type an error is an instance of
+# answers it. `http_status` None: the dashboard does not translate it (no action raises it).
+
+
+@dataclass(frozen=True)
+class EdgeAnswer:
+    """How the edges answer one kind of rollout error."""
+
+    exit_code: int  # the `rollout` command's: 1 refused or failed, 2 invalid usage or input
+    http_status: int | None  # the dashboard's
+
+
+ANSWERS: tuple[tuple[type[RolloutError], EdgeAnswer], ...] = (
+    (InvalidChange, EdgeAnswer(2, 422)),
+    (RevisionNotFound, EdgeAnswer(2, None)),
+    (RevisionConflict, EdgeAnswer(1, 409)),
+    (RampNotAllowed, EdgeAnswer(1, 409)),
+    (PermissionDenied, EdgeAnswer(1, 503)),
+    (StoreUnavailable, EdgeAnswer(1, 503)),
+    (RolloutError, EdgeAnswer(1, None)),
+)
+
+
+def answer_for(kind: type[BaseException]) -> EdgeAnswer | None:
+    """The answer to an error type (None: not a rollout error)."""
+    return next((answer for known, answer in ANSWERS if issubclass(kind, known)), None)

@@ -1,4 +1,5 @@
-"""Per-arm time series for charts: the one-second windows (rollout.windows) summed into steps.
+"""Per-arm time series for charts: the one-second windows (rollout.window_fields) summed into
+steps (rollout.window_stats); `Windows.series` (rollout.windows) reads them on its clock.
 
 Steps are aligned to multiples of `step_s` in epoch seconds, so a step means the same seconds on
 every read. Over the last `last_s` seconds the series holds every step that overlaps them, oldest
@@ -20,7 +21,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rollout.windows import ArmStats, HashSource, aggregate, window_key
+from rollout.window_fields import window_key
+from rollout.window_stats import ArmStats, HashSource, aggregate
 
 MAX_POINTS = 1_000  # steps in one series
 MAX_SPAN_S = 86_400
@@ -41,6 +43,17 @@ class Series:
     def columns(self) -> dict[str, list]:
         """Column per field, None where a step had nothing to divide by."""
         return {name: [getattr(p, name) for p in self.points] for name in FIELDS}
+
+
+@dataclass(frozen=True)
+class SeriesReading:
+    """Every arm's series, read at `now` over the same aligned steps: `arms` by arm name, in the
+    order asked for (`Windows.series`: baseline, then optimized)."""
+
+    now: float
+    step_s: int
+    starts: tuple[int, ...]
+    arms: Mapping[str, Series]
 
 
 def check_span(last_s: int, step_s: int) -> None:
@@ -94,7 +107,7 @@ class StepCache:
 def read_series(
     source: HashSource, app: str, arms: tuple[str, ...], now: float, last_s: int, step_s: int,
     cache: StepCache | None = None,
-) -> dict[str, Series]:
+) -> SeriesReading:
     """Every arm's series over the last `last_s` seconds, from one `source.hashes` call."""
     check_span(last_s, step_s)
     second = int(now)
@@ -117,7 +130,7 @@ def read_series(
         found[(arm, start)] = stats
         if cache is not None and cache.sealed(start, step_s, now):
             cache.put(arm, step_s, start, stats)
-    return {
-        arm: Series(arm, step_s, tuple(starts), tuple(found[(arm, s)] for s in starts))
-        for arm in arms
-    }
+    steps = tuple(starts)
+    return SeriesReading(now, step_s, steps, {
+        arm: Series(arm, step_s, steps, tuple(found[(arm, s)] for s in starts)) for arm in arms
+    })

@@ -119,10 +119,9 @@ class Readings:
         def read():
             windows = Windows(self.telemetry, self.app, clock=self.clock)
             series = windows.series(last_s, step_s, cache=self.steps)
-            starts = next(iter(series.values())).starts
             return {"last_s": last_s, "step_s": step_s, "now": self.clock.time(),
-                    "starts": list(starts),
-                    "arms": {arm: s.columns() for arm, s in series.items()}}
+                    "starts": list(series.starts),
+                    "arms": {arm: s.columns() for arm, s in series.arms.items()}}
 
         return self.memo.get(("series", last_s, step_s), SERIES_TTL_S, read)
 

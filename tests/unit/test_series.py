@@ -62,8 +62,10 @@ def test_a_series_sums_each_step_and_divides_by_the_seconds_it_covers():
     add(source, START - 49, "optimized", status=503, outcome="error")
     add(source, START + 20, "optimized", latency_ms=20.0)
     series = Windows(source, APP, clock=clock).series(last_s=120, step_s=60)
-    baseline, optimized = series["baseline"], series["optimized"]
-    assert baseline.starts == (int(START) - 120, int(START) - 60, int(START))
+    assert list(series.arms) == ["baseline", "optimized"]
+    baseline, optimized = series.arms["baseline"], series.arms["optimized"]
+    assert series.starts == baseline.starts == (int(START) - 120, int(START) - 60, int(START))
+    assert series.step_s == 60 and series.now == START + 25
     assert [p.requests for p in baseline.points] == [0, 30, 0]
     assert baseline.points[1].request_rate == pytest.approx(0.5)
     assert baseline.points[1].p50_ms == pytest.approx(10.0, rel=0.05)
@@ -87,8 +89,8 @@ def test_sealed_steps_are_cached_and_open_ones_reread():
     add(source, START + 10, "baseline")
     second = windows.series(last_s=180, step_s=60, cache=cache)
     assert source.reads[-1] == 2 * 31  # only the open step, both arms
-    assert [p.requests for p in first["baseline"].points] == [0, 1, 0, 0]
-    assert [p.requests for p in second["baseline"].points] == [0, 1, 0, 1]
+    assert [p.requests for p in first.arms["baseline"].points] == [0, 1, 0, 0]
+    assert [p.requests for p in second.arms["baseline"].points] == [0, 1, 0, 1]
     clock.advance(60)  # the step that was open is sealed after settle_s
     windows.series(last_s=180, step_s=60, cache=cache)
     assert len(cache) == 2 * 4

@@ -1,0 +1,74 @@
+"""The `rollout` command's own errors, and the one table that turns any error into an exit code
+and a one-line message (ops._cli_commands.run). Rollout errors take their exit code from the
+table the dashboard shares (rollout.errors.ANSWERS); this module adds the CLI's messages.
+
+Light on purpose: the kill fast path (ops._cli_kill) imports it through ops._cli_args.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rollout.errors import (
+    InvalidChange,
+    PermissionDenied,
+    RevisionConflict,
+    RevisionNotFound,
+    RolloutError,
+    StoreUnavailable,
+    answer_for,
+)
+
+
+class UsageError(Exception):
+    """Bad command line, input or settings: exit 2."""
+
+
+class Aborted(Exception):
+    """The operator declined to confirm: exit 1."""
+
+
+class NothingRecorded(Exception):
+    """What the operator asked to see is not recorded (a trace, flips to export): exit 1."""
+
+
+class Exit(NamedTuple):
+    """How the command ends on one type of error: `{prefix}rollout: {message}`, then `code`."""
+
+    kind: type[BaseException]
+    code: int
+    message: str  # formatted with the error as `exc` and its type's name as `name`
+    prefix: str = ""
+
+
+def _rollout(kind: type[RolloutError], message: str) -> Exit:
+    answer = answer_for(kind)
+    assert answer is not None
+    return Exit(kind, answer.exit_code, message)
+
+
+# Most specific first: the first type an error is an instance of ends the command.
+EXITS: tuple[Exit, ...] = (
+    Exit(KeyboardInterrupt, 130, "interrupted", prefix="\n"),
+    Exit(UsageError, 2, "error: {exc}"),
+    _rollout(InvalidChange, "error: {exc}"),
+    _rollout(RevisionNotFound, "error: {exc}"),
+    Exit(Aborted, 1, "aborted: nothing was changed"),
+    _rollout(PermissionDenied, "error: {exc} (this Redis user may not change the rollout; use "
+                               "an operator's credentials)"),
+    Exit(NothingRecorded, 1, "error: {exc}"),
+    _rollout(RevisionConflict, "error: {exc}: nothing was changed; check `rollout status` and "
+                               "try again"),
+    _rollout(StoreUnavailable, "error: {exc} (check REDIS_URL or --redis-url)"),
+    _rollout(RolloutError, "error: {exc}"),
+    # a bug or an unexpected store reply: still one line, no traceback
+    Exit(Exception, 1, "error: unexpected {name}: {exc}"),
+)
+
+
+def exit_for(exc: BaseException) -> tuple[int, str, str]:
+    """(exit code, message, prefix) for an error; an error no row names is raised again."""
+    for row in EXITS:
+        if isinstance(exc, row.kind):
+            return row.code, row.message.format(exc=exc, name=type(exc).__name__), row.prefix
+    raise exc

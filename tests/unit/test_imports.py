@@ -1,0 +1,121 @@
+"""No import circles among the project's modules (rollout/, serve/, ops/).
+
+Every `import` and `from ... import` is read with ast, at any depth (an import inside a function
+or under `if TYPE_CHECKING:` counts: it only hides the circle). A name imported from a package
+(`from rollout import Windows`) counts as an import of the module the package takes it from,
+so the lazy re-exports of `rollout/__init__.py` do not make every module look circular. Importing
+a submodule is not counted as importing its parent package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("rollout", "serve", "ops")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, tuple[Path, ast.Module]]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[_module_name(path)] = (path, ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The module a `from X import ...` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, path: Path, tree: ast.Module) -> list[tuple[str, str | None]]:
+    """(module, name) pairs: `import a.b` -> ("a.b", None); `from a import b` -> ("a", "b")."""
+    pairs: list[tuple[str, str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pairs += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, path.name == "__init__.py", node)
+            pairs += [(source, alias.name) for alias in node.names]
+    return pairs
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports."""
+    sources = _sources()
+    imports = {module: _imports(module, path, tree) for module, (path, tree) in sources.items()}
+    # where each package takes the names it re-exports from
+    reexports = {
+        package: {name: source for source, name in pairs if name and source in sources}
+        for package, pairs in imports.items()
+        if sources[package][0].name == "__init__.py"
+    }
+
+    def target(source: str, name: str | None) -> str | None:
+        if name is not None and f"{source}.{name}" in sources:  # from pkg import submodule
+            return f"{source}.{name}"
+        if name is not None and name in reexports.get(source, {}):
+            return target(reexports[source][name], name)
+        return source if source in sources else None
+
+    graph: dict[str, set[str]] = {}
+    for module, pairs in imports.items():
+        edges = {target(source, name) for source, name in pairs} - {None, module}
+        graph[module] = {edge for edge in edges if edge is not None}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as [a, b, ..., a], or None (depth-first search, white/grey/black)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_graph_sees_function_level_and_package_imports():
+    graph = import_graph()
+    assert "rollout.windows" in graph["rollout.status"]
+    assert "rollout.redis_store" in graph["rollout"]  # imported inside open_store
+    assert "ops._cli_commands" in graph["ops.cli"]  # imported inside main
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or ())
