@@ -3,13 +3,22 @@
 Read from the environment with the prefix `CANARY_` (e.g. `CANARY_MAX_BATCH_SIZE=32`), except
 `REDIS_URL`, which is read under that common name. Nothing reads the environment at import time:
 call `Settings()` where the process starts (the Serve application builder, the CLI's main).
+
+The fields are grouped by what they tune, one settings class per group (`SETTING_GROUPS`, in
+order), each with its own checks; `Settings` composes them by inheritance, so every variable,
+keyword and attribute is flat (`settings.max_batch_size`, `CANARY_MAX_BATCH_SIZE`) and each
+group can also be read alone (`RampSettings()`). The groups read by the serving layer only
+(models, batching, serving, admission) say so; they live here, not in `serve/`, because the
+one `Settings` that the CLI and the library import must not import `serve/`. Each field's
+`description` is the one place its meaning is written: docs/settings.md's table is generated
+from them (`python -m ops.settings_doc`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -22,338 +31,181 @@ Recipe = Literal[
     "bf16", "compiled", "accuracy-aware", "fp16-graphs", "onnx-int8", "onnx-fp32",
     "ct2-int8",
 ]
+CONFIG = SettingsConfigDict(env_prefix="CANARY_", extra="forbid", frozen=True)
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CANARY_", extra="forbid", frozen=True)
+def _split_commas(value):
+    """A comma-separated string (the environment's form) as a tuple of its non-empty parts."""
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(part.strip() for part in value if str(part).strip())
 
-    # --- rollout state -----------------------------------------------------------------
+
+class StateSettings(BaseSettings):
+    """Redis and the rollout state
+
+    Where the rollout state, the audit log and the change channel live, and how a process
+    follows the state (rollout layer: the library, the CLI and every deployment read them).
+    """
+
+    model_config = CONFIG
+
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "CANARY_REDIS_URL", "redis_url"),
-        description="Redis holding the rollout state, audit log and change channel",
+        description="Redis with the rollout state, audit log and change channel (`redis://`, "
+        "`rediss://` or `unix://`; user and password in the URL)",
     )
     control_redis_url: str | None = Field(
         None,
-        description="Redis URL with write access to the rollout state, used inside the "
-        "application by the ramp controller and dashboard actions; None: REDIS_URL",
+        description="Redis URL with write access to the rollout state, for the components "
+        "inside the application that change it (ramp controller, dashboard actions); give them "
+        "the `controller` user when the gateway's is read-mostly; none: `REDIS_URL`",
     )
     operator_token: SecretStr | None = Field(
         None, min_length=16, max_length=256,
-        description="bearer token for the dashboard's actions and the per-request "
-        "X-Canary-Arm-Override; None: the dashboard is read-only and no override is honoured",
+        description="bearer token for the [dashboard](dashboard.md)'s actions and the "
+        "per-request `X-Canary-Arm-Override`; none: the dashboard is read-only and no override "
+        "is honoured",
     )
-    app_name: str = Field("default", description="namespace of this application's Redis keys")
-    redis_timeout_s: float = Field(2.0, gt=0, le=30)
-    state_poll_s: float = Field(1.0, gt=0, le=60, description="fallback poll of the state")
+    app_name: str = Field(
+        "default", description="namespace of this application's Redis keys (`rollout:<app>:...`): "
+        "1-64 letters, digits, `_`, `.` or `-`"
+    )
+    redis_timeout_s: float = Field(
+        2.0, gt=0, le=30, description="connect and command timeout towards Redis"
+    )
+    state_poll_s: float = Field(
+        1.0, gt=0, le=60, description="fallback poll of the rollout state"
+    )
     state_staleness_s: float = Field(
-        5.0, gt=0, le=3600, description="cached state older than this routes all to baseline"
+        5.0, gt=0, le=3600, description="cached state older than this routes everything to "
+        "baseline (must exceed the poll)"
     )
-    routing_salt: str = Field("", max_length=64, description="changes which keys are canaries")
+    routing_salt: str = Field(
+        "", max_length=64, description="changes which keys are canaries (use a new salt per "
+        "model to spread risk)"
+    )
 
-    # --- models --------------------------------------------------------------------------
+    @field_validator("app_name")
+    @classmethod
+    def _app_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+            raise ValueError("app_name: 1-64 letters, digits, '_', '.' or '-'")
+        return value
+
+    @field_validator("redis_url", "control_redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not re.match(r"^(redis|rediss|unix)://", value):
+            raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _staleness_after_poll(self):
+        if self.state_staleness_s <= self.state_poll_s:
+            raise ValueError("state_staleness_s must be longer than state_poll_s")
+        return self
+
+    def control_settings(self) -> Self:
+        """These settings with the control connection as `redis_url`: what in-app components
+        that change the rollout state (ramp controller, dashboard actions) open stores with."""
+        return self.model_copy(update={"redis_url": self.control_redis_url or self.redis_url})
+
+
+class ModelSettings(BaseSettings):
+    """Models and recipes
+
+    What each arm serves: its weights, its recipe and how it runs (read by the serving layer's
+    model replicas and by `rollout verify`).
+    """
+
+    model_config = CONFIG
+
     model_path: str | None = Field(
-        None, description="local Hugging Face model folder of both arms unless an arm has its "
-        "own (baseline_model_path, optimized_model_path); default: packaged all-MiniLM-L6-v2"
+        None, description="any local Hugging Face model folder (encoder or sequence "
+        "classifier) of both arms unless an arm has its own; none: the packaged "
+        "all-MiniLM-L6-v2"
     )
     baseline_model_path: str | None = Field(
-        None, description="the baseline arm's model folder; None: model_path"
+        None, description="the baseline arm's own model folder ([Roll out new weights]"
+        "(operator-guide.md#roll-out-new-weights)); none: `CANARY_MODEL_PATH`"
     )
     optimized_model_path: str | None = Field(
-        None, description="the optimized arm's model folder (new weights to canary); None: "
-        "model_path"
+        None, description="the optimized arm's own model folder: new weights to canary; none: "
+        "`CANARY_MODEL_PATH`"
     )
     baseline_recipe: Recipe = Field(
-        "fp32", description="the baseline arm's recipe (not auto: auto is judged against an "
-        "fp32 reference); after a promotion, the promoted arm's recipe"
+        "fp32", description="the baseline arm's recipe: any of `CANARY_OPTIMIZED_RECIPE`'s "
+        "except `auto` (auto is judged against an fp32 reference); after a promotion, the "
+        "promoted arm's recipe"
     )
     optimized_recipe: Recipe = Field(
-        "auto", description="auto: the fastest candidate for this host that passes the gate on "
-        "the calibration split (serve.autopick), measured once and cached"
+        "auto", description="the optimized arm's recipe ([Optimization recipes](recipes.md)); "
+        "`auto`: the fastest candidate for this host that passes the gate on the calibration "
+        "split, measured once and cached ([`auto`](recipes.md#auto-the-recipe-picked-by-"
+        "measurement)); a named recipe pins it"
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the models run; `auto`: cuda when available"
+    )
     labels: Annotated[tuple[str, ...], NoDecode] = Field(
-        DEFAULT_LABELS, description="zero-shot labels (comma-separated or a JSON list)"
+        DEFAULT_LABELS, description="zero-shot labels, comma-separated or a JSON list (at least "
+        "two, distinct)"
     )
-    label_template: str = Field("This text is about {}.", description="label description")
-    default_task: Literal["classify", "embed"] = "classify"
-    max_tokens: int = Field(256, ge=8, le=8192, description="inputs are truncated to this")
+    label_template: str = Field(
+        "This text is about {}.", description="how a label is described to the encoder "
+        "(`{}` exactly once)"
+    )
+    default_task: Literal["classify", "embed"] = Field(
+        "classify", description="task when a request names none"
+    )
+    max_tokens: int = Field(
+        256, ge=8, le=8192, description="inputs are truncated to this many tokens"
+    )
     torch_threads: int = Field(
         0, ge=0, le=256, description="threads per model replica; 0: cores / 2 at start, then "
-        "following the share (compute_follows_share)"
+        "following the share (`CANARY_COMPUTE_FOLLOWS_SHARE`)"
     )
     compute_follows_share: bool = Field(
-        True, description="with torch_threads 0: each model replica's threads follow the share "
-        "of traffic its arm carries (serve.compute)"
+        True, description="with `CANARY_TORCH_THREADS=0`: each model replica watches the "
+        "rollout state and takes round(cores x the share its arm carries) threads, at least "
+        "one; the kill switch and a stale state count as all baseline ([compute follows the "
+        "share](production.md#compute-follows-the-share))"
     )
     hide_native_bf16: bool = Field(
         False,
-        description="auto ignores a CPU's native bf16, so that the int8 runtime is measured and "
-        "served on a bf16 machine as on an AVX2-only one; part of auto's cache key",
+        description="`auto` ignores a CPU's native bf16, so that a bf16 machine measures and "
+        "serves the int8 runtimes as an AVX2-only one would; part of `auto`'s cache key",
     )
     auto_choice_dir: str | None = Field(
         None,
-        description="cache of auto's measured choices (one JSON file per weights, host and "
-        "settings); default $XDG_CACHE_HOME/canary-gateway/auto, else ~/.cache/canary-gateway/auto",
-    )
-
-    # --- accuracy-aware recipe and `rollout verify` ------------------------------------------
-    regression_set: str | None = Field(
-        None, description="JSONL regression set; default: the shipped serve/data/regression.jsonl"
+        description="where `auto` caches its choice and evidence (one JSON file per weights, "
+        "hardware, library versions and settings); none: `$XDG_CACHE_HOME/canary-gateway/auto`, "
+        "else `~/.cache/canary-gateway/auto`",
     )
     plan_dir: str | None = Field(
-        None, description="cache of accuracy-aware plans; default ~/.cache/canary-gateway/plans"
+        None, description="where accuracy-aware plans are cached (shipped plans in "
+        "`serve/plans/` are read too); none: `~/.cache/canary-gateway/plans`"
     )
     aware_target_agreement: float = Field(
-        0.998, gt=0, le=1, description="top-1 agreement the plan must reach on calibration"
+        0.998, gt=0, le=1, description="top-1 agreement with fp32 the accuracy-aware plan must "
+        "reach on the calibration split"
     )
     aware_high_precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="precision of the layers a plan keeps; auto: bf16 if native"
+        "auto", description="precision of the layers an accuracy-aware plan keeps; `auto`: "
+        "bf16 where the CPU has native bf16, else fp32"
     )
     onnx_dir: str | None = Field(
-        None, description="cache of runtime artifacts (onnx-* and ct2-int8 recipes); default "
-        "~/.cache/canary-gateway/onnx"
+        None, description="where the runtime recipes (`onnx-*`, `ct2-int8`) cache their built "
+        "artifacts, checked by digest on every load; none: `~/.cache/canary-gateway/onnx`"
     )
     int8_target_agreement: float = Field(
-        0.99, gt=0, le=1, description="top-1 agreement the onnx-int8 calibration search must "
+        0.99, gt=0, le=1, description="top-1 agreement the `onnx-int8` calibration search must "
         "reach on the calibration split, with no confident flip"
     )
-    verify_min_margin: float = Field(
-        CONFIDENT_MARGIN, ge=0, le=1,
-        description="a flip is confident when the baseline's top-1 minus top-2 score is at "
-        "least this (below it: a near tie)",
-    )
-    verify_max_confident_flips: int = Field(
-        0, ge=0, le=1_000_000, description="verify fails with more confident flips than this"
-    )
-    verify_max_accuracy_drop: float = Field(
-        0.01, ge=0, le=1,
-        description="verify fails when the optimized arm's accuracy on labelled inputs is lower "
-        "than the baseline's by more than this",
-    )
-    verify_min_agreement: float = Field(
-        0.98, ge=0, le=1, description="verify fails below this top-1 agreement"
-    )
-    verify_min_lower_bound: float = Field(
-        0.98, ge=0, le=1,
-        description="verify fails below this 95 % Wilson lower bound of the agreement",
-    )
-    verify_min_speedup: float = Field(
-        1.0, ge=0, le=1000,
-        description="verify fails below this throughput ratio at verify_speed_batch, on "
-        "length-sorted (served-like) batches",
-    )
-    verify_min_cosine_p1: float = Field(
-        0.95, ge=-1, le=1,
-        description="verify fails below this 1st percentile of embedding cosine (encoders only)",
-    )
-    verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
-        (1, 8, 32), description="batch sizes whose throughput verify measures"
-    )
-    verify_speed_batch: int = Field(32, ge=1, le=4096, description="the batch of `speedup`")
-    verify_speed_inputs: int = Field(256, ge=1, le=100_000, description="inputs timed per pass")
-
-    # --- batching ------------------------------------------------------------------------
-    max_batch_size: int = Field(16, ge=1, le=4096, description="requests merged per batch")
-    max_batch_tokens: int = Field(
-        8_192, ge=8, le=1_000_000,
-        description="padded tokens per forward; bigger merged batches are split",
-    )
-    batch_wait_ms: float = Field(
-        5.0, ge=0, le=1000, description="how long a batch waits to fill"
-    )
-
-    # --- input limits and timeouts -----------------------------------------------------------
-    max_items: int = Field(64, ge=1, le=10_000, description="inputs per request")
-    max_item_chars: int = Field(8_192, ge=1, le=1_000_000, description="characters per input")
-    max_total_chars: int = Field(131_072, ge=1, le=10_000_000, description="chars per request")
-    request_timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of a request")
-    idempotency_ttl_s: float = Field(
-        86_400, ge=1, le=30 * 86_400, description="how long a response is kept for replays"
-    )
-    retry_budget_ratio: float = Field(
-        0.2, ge=0, le=1, description="fallback retries allowed per canary call (10 s window)"
-    )
-    retry_budget_min_per_s: float = Field(
-        1.0, ge=0, le=10_000, description="fallback retries allowed per second regardless"
-    )
-    canary_timeout_fraction: float = Field(
-        0.5, gt=0, le=1, description="share of the deadline the canary gets before the fallback"
-    )
-
-    # --- online agreement (shadow comparison, serve.shadow) ---------------------------------
-    shadow_share: float = Field(
-        0.05, ge=0, le=1,
-        description="share of answered requests also sent to the other arm off the response path",
-    )
-    shadow_max_concurrency: int = Field(
-        4, ge=1, le=10_000, description="shadow calls in flight per gateway replica; shed above"
-    )
-    shadow_shed_in_flight: int = Field(
-        32, ge=0, le=100_000, description="no shadow while the gateway serves more requests"
-    )
-    shadow_shed_queue: int = Field(
-        8, ge=0, le=1_000_000,
-        description="no shadow when the answering replica reported a longer queue",
-    )
-    shadow_timeout_s: float = Field(5.0, gt=0, le=600, description="deadline of a shadow call")
-
-    # --- flip capture (rollout.flips): inputs the shadowed arms disagreed on -------------------
-    flip_capture: bool = Field(
-        False, description="keep the inputs of shadowed classify pairs whose top-1 labels "
-        "differ, with both labels and margins, in the Redis stream rollout:<app>:flips "
-        "(`rollout flips`); off by default: inputs are user data",
-    )
-    flip_capture_max: int = Field(
-        10_000, ge=10, le=1_000_000, description="flips kept (the stream's approximate MAXLEN)"
-    )
-    flip_capture_ttl_s: int = Field(
-        7 * 86_400, ge=60, le=90 * 86_400,
-        description="flips older than this are trimmed; the stream expires when none comes",
-    )
-    flip_capture_max_chars: int = Field(
-        2_000, ge=1, le=1_000_000,
-        description="a flipped input longer than this is not kept (counted as too_long)",
-    )
-    flip_redact: str | None = Field(
-        None, description="redaction hook 'module:function', called as f(text) -> str | None "
-        "before a flip is kept; None drops the input, a hook that raises drops it too",
-    )
-
-    # --- Serve resources ---------------------------------------------------------------------
-    gateway_num_cpus: float = Field(0.25, ge=0, le=64)
-    model_num_cpus: float = Field(0.5, ge=0, le=64)
-    model_num_gpus: float = Field(0.0, ge=0, le=8)
-    model_max_ongoing_requests: int = Field(64, ge=1, le=10_000)
-    gateway_max_ongoing_requests: int = Field(256, ge=1, le=100_000)
-    gateway_tokenize_threads: int = Field(
-        2, ge=0, le=64,
-        description="threads per gateway replica that tokenize requests; 0: the models do",
-    )
-    gateway_coalesce_calls: int = Field(
-        1, ge=0, le=1024,
-        description="model calls per arm a gateway replica keeps open; requests arriving while "
-        "all are open go together in the next one (serve.coalesce); 0: one call per request",
-    )
-    gateway_max_in_flight: int = Field(
-        128, ge=1, le=100_000, description="requests a gateway replica serves at once; 503 above"
-    )
-    gateway_adaptive_admission: bool = Field(
-        True, description="the in-flight limit follows measured queueing (serve.admission); "
-        "off: gateway_max_in_flight is the limit",
-    )
-    gateway_min_in_flight: int = Field(
-        4, ge=1, le=100_000,
-        description="the adaptive in-flight limit never goes below this (nor above the max)"
-    )
-    gateway_queue_target_ms: float = Field(
-        50.0, ge=0, le=60_000,
-        description="queueing an answered request may see (or one forward, if longer) "
-        "before the adaptive limit shrinks",
-    )
-    gateway_max_uploading: int = Field(
-        256, ge=1, le=100_000,
-        description="requests a gateway replica receives bodies for at once; 503 above",
-    )
-    body_timeout_s: float = Field(
-        5.0, gt=0, le=600,
-        description="time a request's body has to arrive after its headers; 408 past it",
-    )
-    model_max_queued_requests: int = Field(
-        256, ge=-1, le=1_000_000, description="requests waiting per model deployment; -1: no bound"
-    )
-
-    # --- telemetry ---------------------------------------------------------------------------
-    telemetry_enabled: bool = Field(
-        True, description="traces, metrics and request logs; off: none of them (no overhead)"
-    )
-    trace_sample_ratio: float = Field(
-        1.0, ge=0, le=1, description="share of new traces recorded (an incoming one is followed)"
-    )
-    telemetry_redis: bool = Field(
-        True, description="keep recent traces and per-arm windows in Redis (the embedded sink)"
-    )
-    telemetry_queue_size: int = Field(
-        10_000, ge=10, le=1_000_000, description="sink queue; items beyond it are dropped"
-    )
-    telemetry_flush_s: float = Field(0.5, gt=0, le=60, description="sink write interval")
-    telemetry_max_traces: int = Field(
-        2_000, ge=10, le=1_000_000, description="recent traces kept in Redis"
-    )
-    telemetry_trace_ttl_s: int = Field(3_600, ge=10, le=30 * 86_400)
-    telemetry_window_ttl_s: int = Field(
-        3_600, ge=60, le=30 * 86_400, description="how long per-arm 1-second windows are kept "
-        "(also the longest stretch of a ramp step its shadow gates can judge)"
-    )
-    request_log: bool = Field(True, description="one JSON line per request on stderr")
-    device_hour_price: float = Field(
-        0.0, ge=0, le=1_000_000, description="price of one device-hour, for cost per request"
-    )
-
-    # --- progressive ramp ----------------------------------------------------------------------
-    ramp_interval_s: float = Field(
-        5.0, gt=0, le=3_600, description="how often the ramp controller evaluates the ramp"
-    )
-    ramp_lease_ttl_s: float = Field(
-        15.0, gt=0, le=3_600, description="a controller that stops renewing loses its lease"
-    )
-    ramp_controller_num_cpus: float = Field(0.05, ge=0, le=8)
-    ramp_audit_heartbeat_s: float = Field(
-        300.0, gt=0, le=86_400,
-        description="a ramp evaluation that changes nothing is audited at most this often",
-    )
-
-    # --- notifications (rollout.events, serve.webhooks) ----------------------------------------
-    webhook_urls: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="http(s) URLs every rollout event is POSTed to as JSON (comma-separated;"
-        " a Slack incoming-webhook URL works as is); empty: notifications off",
-    )
-    webhook_secret: SecretStr | None = Field(
-        None, min_length=1, max_length=1024,
-        description="signs every body: X-Canary-Signature: sha256=<hex HMAC-SHA256 of the body>",
-    )
-    webhook_kinds: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="event kinds sent (comma-separated, e.g. kill,ramp-rollback); empty: all"
-    )
-    webhook_min_severity: Literal["info", "warning", "critical"] = Field(
-        "info", description="events below this severity are not sent"
-    )
-    webhook_timeout_s: float = Field(
-        5.0, gt=0, le=120, description="timeout of one delivery attempt (connect, each read)"
-    )
-    webhook_retry_for_s: float = Field(
-        600.0, ge=0, le=86_400,
-        description="a failing delivery (connection error, timeout, 5xx, 429) is retried with "
-        "backoff for this long, then given up (counted in `rollout status`)",
-    )
-    webhook_queue: int = Field(
-        1_000, ge=1, le=1_000_000,
-        description="events waiting per URL; beyond it the oldest is dropped (and counted)",
-    )
-
-    @field_validator("webhook_urls", "webhook_kinds", mode="before")
-    @classmethod
-    def _split_commas(cls, value):
-        if isinstance(value, str):
-            value = value.split(",")
-        return tuple(part.strip() for part in value if str(part).strip())
-
-    @field_validator("webhook_urls")
-    @classmethod
-    def _webhook_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for url in value:
-            if not re.match(r"^https?://[^/\s?#]+", url) or any(c.isspace() for c in url):
-                raise ValueError("each URL must start with http:// or https:// and name a "
-                                 "host, e.g. https://hooks.slack.com/services/...")
-        return value
-
-    @field_validator("webhook_kinds")
-    @classmethod
-    def _webhook_kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from rollout.events import EventFilter
-
-        EventFilter.of(value)  # names the unknown kinds
-        return value
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -382,6 +234,74 @@ class Settings(BaseSettings):
                              "e.g. fp32 or bf16")
         return value
 
+    @field_validator("label_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        if value.count("{}") != 1:
+            raise ValueError("label_template must contain '{}' exactly once")
+        return value
+
+    def threads_per_model(self, replicas: int = 2) -> int:
+        return self.torch_threads or max(1, (os.cpu_count() or 1) // replicas)
+
+
+class VerifySettings(BaseSettings):
+    """`rollout verify` and the regression set
+
+    The offline comparison of the two arms that a ramp needs before it advances (rollout
+    layer: the verdict; the measurement runs the serving layer's models).
+    """
+
+    model_config = CONFIG
+
+    regression_set: str | None = Field(
+        None, description="JSONL regression set used by `rollout verify` and to calibrate the "
+        "recipes (`accuracy-aware`, `onnx-int8`, `auto`); none: the shipped "
+        "`serve/data/regression.jsonl`"
+    )
+    verify_min_margin: float = Field(
+        CONFIDENT_MARGIN, ge=0, le=1,
+        description="a flip is *confident* when the baseline's margin (top-1 minus top-2 score) "
+        "is at least this; below it, a near tie",
+    )
+    verify_max_confident_flips: int = Field(
+        0, ge=0, le=1_000_000, description="`rollout verify` fails with more confident flips "
+        "than this"
+    )
+    verify_max_accuracy_drop: float = Field(
+        0.01, ge=0, le=1,
+        description="verify fails when the optimized arm's accuracy on labelled inputs is lower "
+        "than the baseline's by more than this",
+    )
+    verify_min_agreement: float = Field(
+        0.98, ge=0, le=1, description="verify fails below this top-1 agreement"
+    )
+    verify_min_lower_bound: float = Field(
+        0.98, ge=0, le=1,
+        description="verify fails below this 95 % Wilson lower bound of the agreement",
+    )
+    verify_min_speedup: float = Field(
+        1.0, ge=0, le=1000,
+        description="verify fails below this throughput ratio at `CANARY_VERIFY_SPEED_BATCH`, "
+        "on length-sorted (served) batches",
+    )
+    verify_min_cosine_p1: float = Field(
+        0.95, ge=-1, le=1,
+        description="verify fails below this 1st percentile of embedding cosine (encoders; a "
+        "classifier has no embedding to compare)",
+    )
+    verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
+        (1, 8, 32), description="batch sizes whose throughput verify measures (comma-separated, "
+        "each 1-4096)"
+    )
+    verify_speed_batch: int = Field(
+        32, ge=1, le=4096, description="the batch size of the reported `speedup` (one of "
+        "`CANARY_VERIFY_BATCH_SIZES`)"
+    )
+    verify_speed_inputs: int = Field(
+        256, ge=1, le=100_000, description="inputs (evenly spaced over the set) timed per pass"
+    )
+
     @field_validator("verify_batch_sizes", mode="before")
     @classmethod
     def _split_sizes(cls, value):
@@ -392,21 +312,260 @@ class Settings(BaseSettings):
             raise ValueError("batch sizes must be whole numbers within 1..4096")
         return sizes
 
-    @field_validator("app_name")
-    @classmethod
-    def _app_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
-            raise ValueError("app_name: 1-64 letters, digits, '_', '.' or '-'")
-        return value
+    @model_validator(mode="after")
+    def _speed_batch_measured(self):
+        if self.verify_speed_batch not in self.verify_batch_sizes:
+            raise ValueError("verify_speed_batch must be one of verify_batch_sizes")
+        return self
 
-    @field_validator("redis_url", "control_redis_url")
-    @classmethod
-    def _redis_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not re.match(r"^(redis|rediss|unix)://", value):
-            raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
-        return value
+
+class BatchingSettings(BaseSettings):
+    """Batching
+
+    How a model replica merges requests into forwards (serving layer: serve.batching).
+    Batching can be changed on a running deployment through Serve's `user_config`.
+    """
+
+    model_config = CONFIG
+
+    max_batch_size: int = Field(
+        16, ge=1, le=4096, description="requests merged into one forward (live: `user_config`)"
+    )
+    max_batch_tokens: int = Field(
+        8_192, ge=8, le=1_000_000,
+        description="padded tokens per forward: a merged batch is packed (sorted by length) "
+        "into forwards under this budget; a forward out of memory is split in halves",
+    )
+    batch_wait_ms: float = Field(
+        5.0, ge=0, le=1000, description="longest wait for a batch to fill (live: `user_config`)"
+    )
+
+
+class ServingSettings(BaseSettings):
+    """Serving: Serve resources and the request path
+
+    What each Serve deployment reserves and accepts, and the deadlines and retries of a
+    request's model calls (serving layer: serve.config, serve.gateway).
+    """
+
+    model_config = CONFIG
+
+    gateway_num_cpus: float = Field(
+        0.25, ge=0, le=64, description="CPU reserved per gateway replica"
+    )
+    model_num_cpus: float = Field(
+        0.5, ge=0, le=64, description="CPU reserved per model replica (fractions let all "
+        "three fit on 2 cores)"
+    )
+    model_num_gpus: float = Field(0.0, ge=0, le=8, description="GPU fraction per model replica")
+    model_max_ongoing_requests: int = Field(
+        64, ge=1, le=10_000, description="concurrent requests per model replica (bounds batch "
+        "size)"
+    )
+    gateway_max_ongoing_requests: int = Field(
+        256, ge=1, le=100_000, description="concurrent requests Serve hands one gateway replica"
+    )
+    model_max_queued_requests: int = Field(
+        256, ge=-1, le=1_000_000, description="requests waiting per model deployment (-1: "
+        "unbounded); above it the call fails fast (503 `overloaded`, or the fallback for the "
+        "canary)"
+    )
+    gateway_tokenize_threads: int = Field(
+        2, ge=0, le=64,
+        description="threads per gateway replica that tokenize requests off its event loop "
+        "and send token ids to the models (tokenization scales with gateway replicas); 0: the "
+        "model replicas tokenize",
+    )
+    gateway_coalesce_calls: int = Field(
+        1, ge=0, le=1024,
+        description="model calls per arm a gateway replica keeps open; requests that arrive "
+        "while all are open go together in the next call (at most `max_batch_size`, and a full "
+        "call goes at once), so a busy gateway pays one Ray call per batch instead of one per "
+        "request; nothing waits while a call slot is free. About one per model replica of an "
+        "arm; 0: one call per request (serve.coalesce)",
+    )
+    request_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="deadline of a request's model calls, fallback "
+        "included (504 after)"
+    )
+    canary_timeout_fraction: float = Field(
+        0.5, gt=0, le=1, description="share of that deadline the optimized model gets; the "
+        "rest is kept for the retry on baseline"
+    )
+    retry_budget_ratio: float = Field(
+        0.2, ge=0, le=1, description="fallback retries allowed per canary call over 10 s, so a "
+        "sick canary cannot double baseline's load"
+    )
+    retry_budget_min_per_s: float = Field(
+        1.0, ge=0, le=10_000, description="fallback retries allowed per second regardless of "
+        "traffic"
+    )
+    idempotency_ttl_s: float = Field(
+        86_400, ge=1, le=30 * 86_400, description="how long a response is kept for replays of "
+        "its `Idempotency-Key`"
+    )
+
+
+class AdmissionSettings(BaseSettings):
+    """Admission and slow clients
+
+    What a gateway replica lets in: request size limits, the in-flight limit (fixed or
+    adaptive) and slow uploads (serving layer: serve.admission, serve.ingress).
+    """
+
+    model_config = CONFIG
+
+    max_items: int = Field(
+        64, ge=1, le=10_000, description="inputs per request (413 above)"
+    )
+    max_item_chars: int = Field(
+        8_192, ge=1, le=1_000_000, description="characters per input (413 above)"
+    )
+    max_total_chars: int = Field(
+        131_072, ge=1, le=10_000_000, description="characters per request (413 above)"
+    )
+    gateway_max_in_flight: int = Field(
+        128, ge=1, le=100_000, description="the most requests a gateway replica serves at once "
+        "(the memory cap; the adaptive limit stays below it); above the limit in force it sheds "
+        "with 503 + `Retry-After` once the body is read"
+    )
+    gateway_adaptive_admission: bool = Field(
+        True, description="the in-flight limit follows measured queueing (AIMD, "
+        "`serve/admission.py`); off: `CANARY_GATEWAY_MAX_IN_FLIGHT` is the limit",
+    )
+    gateway_min_in_flight: int = Field(
+        4, ge=1, le=100_000,
+        description="the adaptive in-flight limit never goes below this (keeps the model "
+        "replicas busy)"
+    )
+    gateway_queue_target_ms: float = Field(
+        50.0, ge=0, le=60_000,
+        description="queueing an answered request may see (or one forward, if longer) "
+        "before the adaptive limit shrinks",
+    )
+    gateway_max_uploading: int = Field(
+        256, ge=1, le=100_000,
+        description="requests a gateway replica receives bodies for at once, outside the "
+        "in-flight bound; 503 above",
+    )
+    body_timeout_s: float = Field(
+        5.0, gt=0, le=600,
+        description="time a request's body has to arrive after its headers; 408 "
+        "`body_timeout` past it",
+    )
+
+    @model_validator(mode="after")
+    def _item_within_request(self):
+        if self.max_item_chars > self.max_total_chars:
+            raise ValueError("max_item_chars cannot exceed max_total_chars")
+        return self
+
+
+class TelemetrySettings(BaseSettings):
+    """Telemetry
+
+    Traces, per-arm windows, request logs and cost (every deployment writes them; the rollout
+    layer's status, ramp and dashboard read the windows).
+    """
+
+    model_config = CONFIG
+
+    telemetry_enabled: bool = Field(
+        True, description="traces, metrics and request logs; off: none of them (no overhead)"
+    )
+    trace_sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="share of new traces recorded; an incoming "
+        "`traceparent`'s decision is followed"
+    )
+    telemetry_redis: bool = Field(
+        True, description="keep recent traces and per-arm windows in Redis (the embedded "
+        "default)"
+    )
+    telemetry_queue_size: int = Field(
+        10_000, ge=10, le=1_000_000, description="items a process buffers for Redis or the "
+        "log; beyond it they are dropped and counted"
+    )
+    telemetry_flush_s: float = Field(
+        0.5, gt=0, le=60, description="how often the buffered telemetry is written"
+    )
+    telemetry_max_traces: int = Field(
+        2_000, ge=10, le=1_000_000, description="recent traces kept in Redis (older ones are "
+        "trimmed)"
+    )
+    telemetry_trace_ttl_s: int = Field(
+        3_600, ge=10, le=30 * 86_400, description="a trace's spans expire after this"
+    )
+    telemetry_window_ttl_s: int = Field(
+        3_600, ge=60, le=30 * 86_400, description="per-arm and shadow one-second windows "
+        "expire after this; a ramp step longer than this has its shadow gates judge only its "
+        "last this-many seconds (raise it for long steps)"
+    )
+    request_log: bool = Field(
+        True, description="one JSON line per request on the gateway's stderr"
+    )
+    device_hour_price: float = Field(
+        0.0, ge=0, le=1_000_000, description="price of one device-hour (any currency), for "
+        "cost per 1,000 requests"
+    )
+
+
+class ShadowSettings(BaseSettings):
+    """Shadow comparison and flip capture
+
+    Online agreement: a share of answered requests also sent to the other arm off the
+    response path (serve.shadow), and the inputs the arms disagreed on (rollout.flips).
+    """
+
+    model_config = CONFIG
+
+    shadow_share: float = Field(
+        0.05, ge=0, le=1,
+        description="share of answered requests also sent to the other arm off the response "
+        "path, to measure online agreement (see [Online agreement](operator-guide.md#online-"
+        "agreement-shadow)); 0 turns shadowing off. 5 % costs the shadowed arm about 5 % more "
+        "work",
+    )
+    shadow_max_concurrency: int = Field(
+        4, ge=1, le=10_000, description="shadow calls in flight per gateway replica; a "
+        "sampled request past it is shed (counted), never queued"
+    )
+    shadow_shed_in_flight: int = Field(
+        32, ge=0, le=100_000, description="no shadow (shed) while the gateway replica serves "
+        "more requests than this"
+    )
+    shadow_shed_queue: int = Field(
+        8, ge=0, le=1_000_000,
+        description="no shadow (shed) when the answering model replica reported more requests "
+        "queued than this",
+    )
+    shadow_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="deadline of one shadow call (it never holds up the "
+        "response)"
+    )
+    flip_capture: bool = Field(
+        False, description="keep the inputs of shadowed classify pairs whose top-1 labels "
+        "differ, with both labels and margins, in the Redis stream `rollout:<app>:flips` "
+        "([Flip capture and replay](operator-guide.md#flip-capture-and-replay)); off by "
+        "default: inputs are user data",
+    )
+    flip_capture_max: int = Field(
+        10_000, ge=10, le=1_000_000, description="flips kept (the stream's approximate "
+        "`MAXLEN`)"
+    )
+    flip_capture_ttl_s: int = Field(
+        7 * 86_400, ge=60, le=90 * 86_400,
+        description="flips older than this (7 days) are trimmed; the stream expires when none "
+        "comes for that long",
+    )
+    flip_capture_max_chars: int = Field(
+        2_000, ge=1, le=1_000_000,
+        description="a flipped input longer than this is not kept (counted `too_long`)",
+    )
+    flip_redact: str | None = Field(
+        None, description="redaction hook `module:function`, called as `f(text) -> str | None` "
+        "before a flip is kept; `None` or an exception drops the input; none: the input is kept "
+        "as is",
+    )
 
     @field_validator("flip_redact")
     @classmethod
@@ -420,33 +579,117 @@ class Settings(BaseSettings):
                              "function's path)")
         return value.strip()
 
-    @field_validator("label_template")
+
+class RampSettings(BaseSettings):
+    """Progressive ramp
+
+    The ramp controller deployment ([Progressive ramp](operator-guide.md#progressive-ramp));
+    the ramp's plan itself is given to `rollout ramp start` (rollout layer: rollout.ramp).
+    """
+
+    model_config = CONFIG
+
+    ramp_interval_s: float = Field(
+        5.0, gt=0, le=3_600, description="how often the ramp controller evaluates a running ramp"
+    )
+    ramp_lease_ttl_s: float = Field(
+        15.0, gt=0, le=3_600, description="a controller that stops renewing its lease loses it "
+        "after this, and another takes over (must exceed the interval)"
+    )
+    ramp_controller_num_cpus: float = Field(
+        0.05, ge=0, le=8, description="CPU reserved for the `ramp-controller` deployment (one "
+        "replica)"
+    )
+    ramp_audit_heartbeat_s: float = Field(
+        300.0, gt=0, le=86_400,
+        description="a ramp evaluation that changes nothing (a held step) is audited at most "
+        "this often; every change is audited at once",
+    )
+
+    @model_validator(mode="after")
+    def _lease_outlives_interval(self):
+        if self.ramp_lease_ttl_s <= self.ramp_interval_s:
+            raise ValueError("ramp_lease_ttl_s must be longer than ramp_interval_s")
+        return self
+
+
+class WebhookSettings(BaseSettings):
+    """Notifications
+
+    Rollout events POSTed to webhooks ([Notifications](operator-guide.md#notifications);
+    rollout.events chooses them, serve.webhooks delivers them).
+    """
+
+    model_config = CONFIG
+
+    webhook_urls: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="http(s) URLs every rollout event is POSTed to as JSON (comma-separated;"
+        " a Slack incoming-webhook URL works as is); empty: notifications off",
+    )
+    webhook_secret: SecretStr | None = Field(
+        None, min_length=1, max_length=1024,
+        description="signs every body: `X-Canary-Signature: sha256=<hex HMAC-SHA256 of the "
+        "body>`; none: unsigned",
+    )
+    webhook_kinds: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="event kinds sent (comma-separated, e.g. `kill,ramp-rollback`); empty: "
+        "all"
+    )
+    webhook_min_severity: Literal["info", "warning", "critical"] = Field(
+        "info", description="events below this severity are not sent"
+    )
+    webhook_timeout_s: float = Field(
+        5.0, gt=0, le=120, description="timeout of one delivery attempt (connect, each read)"
+    )
+    webhook_retry_for_s: float = Field(
+        600.0, ge=0, le=86_400,
+        description="a failing delivery (connection error, timeout, 5xx, 429) is retried with "
+        "backoff for this long, then given up (counted in `rollout status`)",
+    )
+    webhook_queue: int = Field(
+        1_000, ge=1, le=1_000_000,
+        description="events waiting per URL; beyond it the oldest is dropped (and counted)",
+    )
+
+    @field_validator("webhook_urls", "webhook_kinds", mode="before")
     @classmethod
-    def _template(cls, value: str) -> str:
-        if value.count("{}") != 1:
-            raise ValueError("label_template must contain '{}' exactly once")
+    def _split_commas(cls, value):
+        return _split_commas(value)
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _webhook_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not re.match(r"^https?://[^/\s?#]+", url) or any(c.isspace() for c in url):
+                raise ValueError("each URL must start with http:// or https:// and name a "
+                                 "host, e.g. https://hooks.slack.com/services/...")
         return value
+
+    @field_validator("webhook_kinds")
+    @classmethod
+    def _webhook_kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from rollout.events import EventFilter
+
+        EventFilter.of(value)  # names the unknown kinds
+        return value
+
+
+class Settings(  # the groups last to first: pydantic takes fields and checks from the last base
+    WebhookSettings, RampSettings, ShadowSettings, TelemetrySettings, AdmissionSettings,
+    ServingSettings, BatchingSettings, VerifySettings, ModelSettings, StateSettings,
+):
+    """Every group in one object: each group's fields and checks, then the checks across
+    groups."""
+
+    model_config = CONFIG
 
     @model_validator(mode="after")
     def _cross_checks(self):
         if self.gateway_max_in_flight > self.gateway_max_ongoing_requests:
             raise ValueError("gateway_max_in_flight cannot exceed gateway_max_ongoing_requests")
-        if self.state_staleness_s <= self.state_poll_s:
-            raise ValueError("state_staleness_s must be longer than state_poll_s")
         if self.max_batch_tokens < self.max_tokens:
             raise ValueError("max_batch_tokens must hold at least one input of max_tokens")
-        if self.verify_speed_batch not in self.verify_batch_sizes:
-            raise ValueError("verify_speed_batch must be one of verify_batch_sizes")
-        if self.max_item_chars > self.max_total_chars:
-            raise ValueError("max_item_chars cannot exceed max_total_chars")
-        if self.ramp_lease_ttl_s <= self.ramp_interval_s:
-            raise ValueError("ramp_lease_ttl_s must be longer than ramp_interval_s")
         return self
 
-    def control_settings(self) -> Settings:
-        """These settings with the control connection as `redis_url`: what in-app components
-        that change the rollout state (ramp controller, dashboard actions) open stores with."""
-        return self.model_copy(update={"redis_url": self.control_redis_url or self.redis_url})
 
-    def threads_per_model(self, replicas: int = 2) -> int:
-        return self.torch_threads or max(1, (os.cpu_count() or 1) // replicas)
+SETTING_GROUPS: tuple[type[BaseSettings], ...] = tuple(reversed(Settings.__bases__))

@@ -226,3 +226,46 @@ def test_the_ramp_lease_must_outlive_the_controller_interval():
     assert Settings(ramp_interval_s=1, ramp_lease_ttl_s=3).ramp_lease_ttl_s == 3
     with pytest.raises(pydantic.ValidationError, match="ramp_lease_ttl_s must be longer"):
         Settings(ramp_interval_s=10, ramp_lease_ttl_s=10)
+
+
+# --- groups --------------------------------------------------------------------------------------
+
+
+def test_settings_compose_the_groups_and_every_field_is_in_exactly_one():
+    from rollout.settings import SETTING_GROUPS
+
+    owners = {}
+    for group in SETTING_GROUPS:
+        for name in group.model_fields:
+            owners.setdefault(name, []).append(group.__name__)
+    assert {name: groups for name, groups in owners.items() if len(groups) > 1} == {}
+    assert list(owners) == list(Settings.model_fields)  # the groups' order is the fields' order
+    assert all(issubclass(Settings, group) for group in SETTING_GROUPS)
+
+
+def test_every_field_and_group_says_what_it_is():
+    from rollout.settings import SETTING_GROUPS
+
+    assert [name for name, field in Settings.model_fields.items() if not field.description] == []
+    for group in SETTING_GROUPS:
+        title, blank, *body = (group.__doc__ or "").splitlines()
+        assert title.strip() and not blank.strip() and " ".join(body).strip(), group.__name__
+
+
+def test_a_group_reads_the_same_environment_alone(monkeypatch):
+    from rollout.settings import RampSettings, StateSettings
+
+    monkeypatch.setenv("CANARY_RAMP_INTERVAL_S", "2")
+    monkeypatch.setenv("REDIS_URL", "redis://cache.internal:6380/2")
+
+    assert RampSettings().ramp_interval_s == Settings().ramp_interval_s == 2
+    assert StateSettings().redis_url == Settings().redis_url == "redis://cache.internal:6380/2"
+    with pytest.raises(pydantic.ValidationError, match="ramp_lease_ttl_s must be longer"):
+        RampSettings(ramp_lease_ttl_s=1)
+
+
+def test_checks_across_groups_hold_in_the_composed_settings():
+    with pytest.raises(pydantic.ValidationError, match="cannot exceed gateway_max_ongoing"):
+        Settings(gateway_max_in_flight=300, gateway_max_ongoing_requests=256)
+    with pytest.raises(pydantic.ValidationError, match="max_batch_tokens must hold"):
+        Settings(max_batch_tokens=100, max_tokens=256)
