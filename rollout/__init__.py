@@ -19,7 +19,7 @@ _EXPORTS = {
         "InvalidChange", "LeaseLost", "PermissionDenied", "RampNotAllowed", "RevisionConflict",
         "RevisionNotFound", "RolloutError", "StoreUnavailable",
     ),
-    "rollout.policy": ("Arm", "Decision", "Reason", "bucket_of", "decide", "effective_bp"),
+    "rollout.policy": ("Arm", "Reason", "RoutingDecision", "bucket_of", "decide", "effective_bp"),
     "rollout.routes": ("Route",),
     "rollout.settings": ("Settings",),
     "rollout.shadow": ("ShadowStats",),
@@ -35,11 +35,11 @@ _EXPORTS = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
-    "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock", "Decision",
+    "Arm", "ArmStats", "Attempt", "AuditEntry", "BUCKETS", "Clock",
     "DeploymentReport", "FakeClock", "FlipCapture", "FlipRecord", "InvalidChange", "LeaseLost",
     "MemoryFlips", "MemoryStateStore",
     "MemoryTelemetry", "PermissionDenied", "RampNotAllowed", "Reason", "RequestRecord",
-    "RevisionConflict", "RevisionNotFound", "Route",
+    "RevisionConflict", "RevisionNotFound", "Route", "RoutingDecision",
     "Rollout", "RolloutError", "RolloutState", "Settings", "ShadowStats", "StateStore",
     "StateView", "StateWatcher", "StoreUnavailable", "Subscription", "SystemClock",
     "TelemetrySink",
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         StoreUnavailable,
     )
     from rollout.flips import FlipCapture, FlipRecord, MemoryFlips
-    from rollout.policy import Arm, Decision, Reason, bucket_of, decide, effective_bp
+    from rollout.policy import Arm, Reason, RoutingDecision, bucket_of, decide, effective_bp
     from rollout.routes import Route
     from rollout.settings import Settings
     from rollout.shadow import ShadowStats

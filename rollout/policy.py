@@ -52,11 +52,11 @@ class Reason(StrEnum):
     STALE_STATE = "stale-state"  # fail-safe: cached state too old
     VERSION_MISMATCH = "version-mismatch"  # the share was set for another optimized model
     OVERRIDE = "override"  # the operator's X-Canary-Arm-Override
-    ROUTE = "route"  # a header route (Decision.route names it)
+    ROUTE = "route"  # a header route (RoutingDecision.route names it)
 
 
 @dataclass(frozen=True)
-class Decision:
+class RoutingDecision:
     arm: Arm
     bucket: int
     reason: Reason
@@ -111,29 +111,29 @@ def decide(
     serving: str | None = None,
     headers: Mapping[str, str] = _NO_HEADERS,
     override_allowed: bool = False,
-) -> Decision:
+) -> RoutingDecision:
     """Route one request (precedence in the module docstring). `serving` is the optimized
     version this gateway serves; `headers` the request's, with lower-case names;
     `override_allowed` whether the request carried the operator token (an override header
     without it is ignored here; the gateway refuses such a request before routing)."""
     bucket = bucket_of(key, salt)
     if state.kill:
-        return Decision(Arm.BASELINE, bucket, Reason.KILL_SWITCH)
+        return RoutingDecision(Arm.BASELINE, bucket, Reason.KILL_SWITCH)
     if stale:
-        return Decision(Arm.BASELINE, bucket, Reason.STALE_STATE)
+        return RoutingDecision(Arm.BASELINE, bucket, Reason.STALE_STATE)
     if override_allowed:
         try:
             arm = override_arm(headers)
         except ValueError:
             arm = None
         if arm is not None:
-            return Decision(arm, bucket, Reason.OVERRIDE)
+            return RoutingDecision(arm, bucket, Reason.OVERRIDE)
     route = first_match(state.routes, headers) if state.routes else None
     if route is not None:
-        return Decision(Arm(route.arm), bucket, Reason.ROUTE, route.id)
+        return RoutingDecision(Arm(route.arm), bucket, Reason.ROUTE, route.id)
     share, override = effective_bp(state, stale=stale, serving=serving)
     if override is not None:
-        return Decision(Arm.BASELINE, bucket, override)
+        return RoutingDecision(Arm.BASELINE, bucket, override)
     if bucket < share:
-        return Decision(Arm.OPTIMIZED, bucket, Reason.CANARY)
-    return Decision(Arm.BASELINE, bucket, Reason.SHARE)
+        return RoutingDecision(Arm.OPTIMIZED, bucket, Reason.CANARY)
+    return RoutingDecision(Arm.BASELINE, bucket, Reason.SHARE)

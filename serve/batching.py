@@ -62,15 +62,17 @@ class _Row:
     ids: Sequence[int]
 
 
-BUCKETS = (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+# the widths (tokens) a chunk is padded to: few distinct shapes (see 1. above)
+PAD_WIDTHS = (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
+              512)
 
 
 def padded_width(width: int) -> int:
-    """The bucket a row of `width` tokens is padded to: the smallest bucket that holds it
+    """The width a row of `width` tokens is padded to: the smallest of PAD_WIDTHS that holds it
     (beyond 512: the next multiple of 128)."""
-    for bucket in BUCKETS:
-        if width <= bucket:
-            return bucket
+    for pad in PAD_WIDTHS:
+        if width <= pad:
+            return pad
     return -(-width // 128) * 128
 
 

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollout.clock import Clock, SystemClock
-from rollout.policy import Decision
+from rollout.policy import RoutingDecision
 from rollout.redis_telemetry import WindowItem
 from rollout.watcher import StateView
 from rollout.windows import Attempt, RequestRecord
@@ -167,7 +167,7 @@ class Observation:
                                   "canary.task": task})
 
     @_never_raises
-    def route(self, decision: Decision, view: StateView, started: float) -> None:
+    def route(self, decision: RoutingDecision, view: StateView, started: float) -> None:
         """Record the routing decision taken from `started` (perf_counter) until now."""
         self.routed = decision.arm.value
         state = view.state

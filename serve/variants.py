@@ -34,7 +34,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from rollout.settings import Settings
-from serve.batching import BUCKETS, padded_width, run_budgeted
+from serve.batching import PAD_WIDTHS, padded_width, run_budgeted
 from serve.onnxrt import ONNX_RECIPES
 from serve.recipes import apply_recipe
 
@@ -321,7 +321,7 @@ class Variant:
         """One forward per (batch size, padding width the server uses): a runtime (ONNX Runtime,
         CTranslate2) prepares its kernels per shape on first use, which would otherwise land on
         the first requests. Returns the forwards made."""
-        widths = [width for width in BUCKETS if width <= self.max_tokens]
+        widths = [width for width in PAD_WIDTHS if width <= self.max_tokens]
         for rows in batch_sizes:
             for width in widths:
                 self.forward_rows([[100] * width] * rows, model)

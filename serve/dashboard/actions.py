@@ -28,24 +28,22 @@ from contextlib import contextmanager
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout import (
-    InvalidChange,
     PermissionDenied,
     RevisionConflict,
     Rollout,
+    RolloutError,
     RolloutState,
-    StoreUnavailable,
     format_bp,
     parse_percent,
 )
 from rollout.control import big_move
 from serve.dashboard.errors import (
     ConfirmationRequired,
-    Conflict,
-    ControlUnavailable,
     InputTooLarge,
     InvalidInput,
     ReadOnly,
     Unauthorized,
+    dashboard_error,
 )
 
 MAX_BODY = 4_096
@@ -123,16 +121,20 @@ def rollout_errors(*, conflict: str) -> Iterator[None]:
     message: what the operator should do about it)."""
     try:
         yield
-    except InvalidChange as exc:
-        raise InvalidInput(str(exc)) from None
-    except RevisionConflict as exc:
-        raise Conflict(f"{exc}: {conflict}") from None
-    except PermissionDenied as exc:
-        raise ControlUnavailable(
-            f"{exc} (set CANARY_CONTROL_REDIS_URL to a Redis user that may change the "
-            "rollout)") from None
-    except StoreUnavailable as exc:
-        raise ControlUnavailable(str(exc)) from None
+    except RolloutError as exc:
+        error = dashboard_error(exc, _action_message(exc, conflict))
+        if error is None:
+            raise
+        raise error from None
+
+
+def _action_message(exc: RolloutError, conflict: str) -> str:
+    if isinstance(exc, RevisionConflict):
+        return f"{exc}: {conflict}"
+    if isinstance(exc, PermissionDenied):
+        return (f"{exc} (set CANARY_CONTROL_REDIS_URL to a Redis user that may change the "
+                "rollout)")
+    return str(exc)
 
 
 class Actions:

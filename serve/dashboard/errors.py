@@ -11,15 +11,19 @@ them as JSON `{"error": {"type", "message", "request_id"}}`:
     │   └── RampNotPossible    409  the ramp does not allow this action now (or there is none)
     ├── ConfirmationRequired   428  a big move (>= 50 points or to 100 %): resend confirmed
     └── ControlUnavailable     503  the state store cannot be reached or may not be changed
+
+A rollout error (rollout.errors) becomes one of these by its HTTP status in the table the CLI
+shares for its exit codes (rollout.errors.ANSWERS): `dashboard_error`.
 """
 
 from __future__ import annotations
 
+from rollout.errors import RampNotAllowed, RolloutError, answer_for
 from serve.errors import GatewayError, InputTooLarge, InvalidInput
 
 __all__ = [
     "ConfirmationRequired", "Conflict", "ControlUnavailable", "InputTooLarge", "InvalidInput",
-    "NotFound", "RampNotPossible", "ReadOnly", "Unauthorized",
+    "NotFound", "RampNotPossible", "ReadOnly", "Unauthorized", "dashboard_error",
 ]
 
 
@@ -49,3 +53,20 @@ class ConfirmationRequired(GatewayError):
 
 class ControlUnavailable(GatewayError):
     status, type, retry_after = 503, "store_unavailable", 1
+
+
+_BY_STATUS: dict[int, type[GatewayError]] = {
+    422: InvalidInput, 409: Conflict, 503: ControlUnavailable,
+}
+_BY_TYPE: dict[type[RolloutError], type[GatewayError]] = {RampNotAllowed: RampNotPossible}
+
+
+def dashboard_error(exc: RolloutError, message: str) -> GatewayError | None:
+    """The dashboard's error for a rollout error, saying `message`: its HTTP status from
+    rollout.errors.ANSWERS (a ramp that does not allow an action: RampNotPossible). None where
+    the dashboard does not translate it (no action raises it: a bug, answered 500)."""
+    kind = next((mine for theirs, mine in _BY_TYPE.items() if isinstance(exc, theirs)), None)
+    answer = answer_for(type(exc))
+    if kind is None and answer is not None and answer.http_status is not None:
+        kind = _BY_STATUS[answer.http_status]
+    return None if kind is None else kind(message)

@@ -71,10 +71,10 @@ def test_the_failure_survives_pickling_across_processes():
 
 
 def test_padded_widths_are_few_buckets_that_hold_the_row():
-    from serve.batching import BUCKETS, padded_width
+    from serve.batching import PAD_WIDTHS, padded_width
 
     widths = {padded_width(n) for n in range(1, 513)}
-    assert widths == set(BUCKETS)  # 19 shapes up to 512 tokens
+    assert widths == set(PAD_WIDTHS)  # 19 shapes up to 512 tokens
     for n in range(1, 700):
         w = padded_width(n)
         assert w >= n and w % 8 == 0

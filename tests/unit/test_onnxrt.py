@@ -8,7 +8,7 @@ import torch
 from rollout import Settings
 from serve.artifact import MANIFEST, artifact_key, check, load_or_build
 from serve.autopick import read_cpu_flags
-from serve.batching import BUCKETS
+from serve.batching import PAD_WIDTHS
 from serve.onnxrt import OrtModel
 from serve.onnxrt.build import MODEL
 from serve.onnxrt.calibrate import Score, node_layers, quantizable, weight_type_for
@@ -223,6 +223,6 @@ def test_a_runtime_is_warmed_over_every_padding_width(baseline):
         return baseline.model(input_ids=input_ids, attention_mask=attention_mask)
 
     runs = baseline.warm(model)
-    widths = [w for w in BUCKETS if w <= baseline.max_tokens]
+    widths = [w for w in PAD_WIDTHS if w <= baseline.max_tokens]
     assert runs == len(calls) == 2 * len(widths)
     assert calls == [(rows, width) for rows in (1, 8) for width in widths]
