@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,3 +151,59 @@ def test_cli_moves_traffic_and_kill_switch_pulls_it_back(served):
     _arm_within(client, "optimized", 5)
     audit = json.loads(_rollout(env, "audit", "--json").stdout)
     assert [entry["action"] for entry in audit][-3:] == ["canary 0% -> 100%", "kill", "unkill"]
+
+
+def _tour_commands() -> list[str]:
+    """The README's "Try it" block, one shell command per entry (continued lines joined)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- tour:start -->", 1)[1].split("<!-- tour:end -->", 1)[0]
+    lines = block.strip().splitlines()
+    assert lines[0] == "```bash" and lines[-1] == "```", "the tour is one ```bash block"
+    commands, pending = [], ""
+    for line in lines[1:-1]:
+        pending += line
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+        else:
+            commands.append(pending)
+            pending = ""
+    return commands
+
+
+def test_the_readme_tour_runs_as_written(served):
+    """Every command of the README's five-minute tour answers 0, in order, on a fresh rollout."""
+    client, env = served
+    if not (ROOT / ".venv/bin/activate").exists() or shutil.which("curl") is None:
+        pytest.skip("the tour needs ops/run.sh's .venv and curl")
+    # a fresh start: the share at 0 %, and the gateway has reported what it serves
+    _rollout(env, "canary", "0", "--yes", "--reason", "e2e: the tour starts fresh")
+    deadline = time.monotonic() + 30
+    while not json.loads(_rollout(env, "status", "--json").stdout)["gateways"]:
+        assert time.monotonic() < deadline, "the gateway never reported its versions"
+        time.sleep(0.5)
+    shell_state = []  # `source`, `export` and `cd` lines carry over to later commands
+    outputs = {}
+    for command in _tour_commands():
+        if command.split(maxsplit=1)[0] in ("source", "export", "cd"):
+            shell_state.append(command)
+        script = "\n".join(["set -eo pipefail", *shell_state, command])
+        result = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, (f"README tour: `{command}` exited {result.returncode}:\n"
+                                        f"{result.stdout}{result.stderr}")
+        outputs[command.split("#")[0].strip()] = result.stdout
+    [answer] = [out for command, out in outputs.items() if command.startswith("curl ")]
+    assert json.loads(answer)["arm"] == "baseline"
+    status = json.loads(_rollout(env, "status", "--json").stdout)
+    assert status["canary_bp"] == 0 and not status["kill"]
+    ramp = json.loads(_rollout(env, "ramp", "status", "--json").stdout)
+    assert ramp["ramp"]["status"] == "aborted"
+    audit = json.loads(_rollout(env, "audit", "--json").stdout)
+    tour = [entry["action"] for entry in audit][-30:]  # with the controller's ramp evaluations
+    expected = iter(["canary 0% -> 5%", "kill", "unkill", "canary 5% -> 0%", "ramp-start",
+                     "ramp-abort"])
+    step = next(expected)
+    for action in tour:
+        if action == step:
+            step = next(expected, None)
+    assert step is None, f"the tour's changes are not all in the audit, in order: {tour}"
