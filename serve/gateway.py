@@ -204,12 +204,7 @@ class Gateway(DashboardRoutes):
         # serve.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, self.admission, self._shed_at_the_door)
         self.shadow = Shadow(settings, self._remote, self.telemetry)
-        self.coalescers = {  # concurrent requests per arm go as one model call (serve.coalesce)
-            arm: Coalescer(functools.partial(self._send, arm),
-                           calls=settings.gateway_coalesce_calls,
-                           max_items=settings.max_batch_size)
-            for arm in self.handles
-        } if settings.gateway_coalesce_calls else None
+        self.coalescers = self._coalescers(settings)
         self.retry_budget = RetryBudget(
             ratio=settings.retry_budget_ratio, min_per_s=settings.retry_budget_min_per_s
         )
@@ -226,6 +221,15 @@ class Gateway(DashboardRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
+
+    def _coalescers(self, settings: Settings) -> dict[Arm, Coalescer] | None:
+        """Per arm, concurrent requests go as one model call (serve.coalesce), when enabled."""
+        if not settings.gateway_coalesce_calls:
+            return None
+        return {arm: Coalescer(functools.partial(self._send, arm),
+                               calls=settings.gateway_coalesce_calls,
+                               max_items=settings.max_batch_size)
+                for arm in self.handles}
 
     def _report(self) -> None:
         """Tell operators what this replica serves and what it went through (see README)."""
@@ -291,18 +295,20 @@ class Gateway(DashboardRoutes):
             return await self._predict(request, body, exchange)
 
     async def _predict(self, request: Request, body: bytes, ex: _Exchange) -> JSONResponse:
-        """An admitted request, one step each: parse -> claim its Idempotency-Key (or replay
-        the stored answer) -> route -> call the arm (with fallback) -> respond -> offer a
-        shadow comparison. A GatewayError becomes the client's error response; the claim
-        settles itself when its block ends, however it ends."""
+        """An admitted request, one step each: check an override header against the operator
+        token -> parse -> claim its Idempotency-Key (or replay the stored answer) -> route ->
+        call the arm (with fallback) -> respond -> offer a shadow comparison. A GatewayError
+        becomes the client's error response; the claim settles itself when its block ends,
+        however it ends."""
         try:
+            overridden = override_allowed(self.settings.operator_token, request.headers)
             parsed, task = self._parse(body, ex.obs)
             key = request.headers.get("idempotency-key")
             async with self.idempotency.claim(key, task, parsed.inputs) as claim:
                 if claim.replay is not None:
                     return self._replay(claim.replay, ex.obs)
                 try:
-                    decision = self._route(request, ex)
+                    decision = self._route(request, overridden, ex)
                     answer, fallback = await self._call_arm(decision.arm, parsed.inputs, task, ex)
                 except GatewayError as exc:  # answered before the claim is released
                     return self._failed(exc, ex)
@@ -332,11 +338,10 @@ class Gateway(DashboardRoutes):
         return JSONResponse(stored["body"], status_code=stored["status"],
                             headers={**stored["headers"], **REPLAYED})
 
-    def _route(self, request: Request, ex: _Exchange):
+    def _route(self, request: Request, overridden: bool, ex: _Exchange):
         """The arm for the request (rollout.policy `decide`): from the cached rollout state,
         never a Redis call, keyed on `X-Routing-Key` (else the request ID), with the header
-        routes and, when the operator token allows it, the override header."""
-        overridden = override_allowed(self.settings.operator_token, request.headers)
+        routes and, when the operator token allowed it (`overridden`), the override header."""
         key = (request.headers.get("x-routing-key") or ex.rid)[:MAX_ROUTING_KEY]
         routing = time.perf_counter()
         view = self.watcher.view()
