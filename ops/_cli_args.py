@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "shipped set)")
     verify.add_argument("--recipe", metavar="NAME",
                         help="optimization recipe of the optimized variant (default: "
-                             "CANARY_OPTIMIZED_RECIPE); see the README for the list")
+                             "CANARY_OPTIMIZED_RECIPE); see docs/recipes.md for the list")
     verify.add_argument("--limit", metavar="N", type=_positive, help="only the first N inputs")
     verify.add_argument("--no-speed", action="store_true",
                         help="skip the throughput and memory measurement (and the speedup gate)")

@@ -34,7 +34,7 @@ class RolloutState(BaseModel):
     @field_validator("routes", mode="before")
     @classmethod
     def _no_routes(cls, value):
-        """Lua's cjson writes an empty list as `{}` (the README's redis-cli emergency kill)."""
+        """Lua's cjson writes an empty list as `{}` (the operator guide's redis-cli kill)."""
         return () if value == {} else value
 
     @field_validator("routes")

@@ -9,8 +9,8 @@ an unreachable telemetry store is reported as `traffic.error`.
 `audited` says whether the stored state is the one the audited write of its revision recorded.
 Every audited change stores its state in the history and appends its audit entry in one atomic
 step, so a state that differs from its revision's history (or has none) was written some other
-way: the emergency `redis-cli` kill of the README, or a hand edit. The status flags it until
-the next audited change.
+way: the emergency `redis-cli` kill (docs/operator-guide.md), or a hand edit. The status flags it
+until the next audited change.
 """
 
 from __future__ import annotations

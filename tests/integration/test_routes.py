@@ -1,6 +1,6 @@
 """Header routes and the operator override end to end: the real app (real Ray Serve, real
 Redis with ACL users, real HTTP), routes written by the audited path as an operator does; and
-the kill switch's fast path and the README's redis-cli kill on a state that holds routes."""
+the kill switch's fast path and the operator guide's redis-cli kill on a state that holds routes."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_a_gateway_without_an_operator_token_honours_no_override(gw):
     assert "no operator token" in response.json()["error"]["message"]
 
 
-# --- the kill switch's fast path and the README's redis-cli kill keep the routes ---------------
+# --- the kill switch's fast path and the operator guide's redis-cli kill keep the routes -----
 
 
 def test_the_fast_kill_keeps_the_routes(redis_url, store):  # noqa: F811

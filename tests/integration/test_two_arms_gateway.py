@@ -1,5 +1,5 @@
 """Two arms with different weights on the real app (real Serve, real Redis with ACL users, real
-HTTP): each arm answers with its own version, and the promotion order of the README ("Roll out
+HTTP): each arm answers with its own version, and the promotion order (operator guide, "Roll out
 new weights") keeps a known-good baseline behind the kill switch at every step; a candidate
 deployed while the share is still bound to the promoted version gets no traffic.
 

@@ -108,7 +108,7 @@ def test_versions_hash_each_arms_weights_and_recipe(v1, v2):
                                      optimized_recipe="int8-dynamic"))
     assert same_weights == {"baseline": variant_version(d1, "bf16"),
                             "optimized": variant_version(d1, "int8-dynamic")}
-    # the canary the README describes: v2 / int8 against v1 / bf16
+    # the canary docs/operator-guide.md describes: v2 / int8 against v1 / bf16
     canary = versions(two_arms(v1, v2, baseline_recipe="bf16").model_copy(
         update={"optimized_recipe": "int8-dynamic"}))
     assert canary == {"baseline": variant_version(d1, "bf16"),

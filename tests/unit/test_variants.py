@@ -112,7 +112,7 @@ def test_rows_keep_input_order_whatever_the_batching(encoder_dir):
 def test_compiled_recipe_wraps_the_fp32_model_for_inductor(encoder_dir):
     """Structural only: compiling the tiny model takes 30-130 s on the shared 2-core machine
     (the inductor C++ build), too slow for a unit test. `rollout verify --recipe compiled` runs
-    it on the regression set (README, recipes table)."""
+    it on the regression set (docs/recipes.md, recipes table)."""
     from torch._dynamo.eval_frame import OptimizedModule
 
     opt = Variant(Settings(model_path=str(encoder_dir), optimized_recipe="compiled"), "optimized")
