@@ -232,7 +232,7 @@ class Gateway(DashboardRoutes):
                 for arm in self.handles}
 
     def _report(self) -> None:
-        """Tell operators what this replica serves and what it went through (see README)."""
+        """Tell operators what this replica serves and what it went through (operator guide)."""
         view = self.watcher.view()
         self.store.report_deployment(
             DeploymentReport(
