@@ -94,13 +94,19 @@ class Readings:
         self.steps = StepCache(settle_s=max(5.0, 4 * settings.telemetry_flush_s))
         self.app = settings.app_name
 
+    @property
+    def device_hour_price(self) -> float:
+        """This gateway's CANARY_DEVICE_HOUR_PRICE: 0 means cost is not priced (every cost
+        figure reads 0), which the page says instead of drawing a flat line."""
+        return self.settings.device_hour_price
+
     @_reading
     def status(self) -> dict:
         def read():
             return read_status(
                 self.store, self.telemetry, app=self.app, window_s=STATUS_WINDOW_S,
                 agreement_s=AGREEMENT_WINDOW_S, clock=self.clock,
-            ).as_json()
+            ).as_json() | {"device_hour_price": self.device_hour_price}
 
         return self.memo.get("status", STATUS_TTL_S, read)
 
@@ -120,7 +126,7 @@ class Readings:
             windows = Windows(self.telemetry, self.app, clock=self.clock)
             series = windows.series(last_s, step_s, cache=self.steps)
             return {"last_s": last_s, "step_s": step_s, "now": self.clock.time(),
-                    "starts": list(series.starts),
+                    "starts": list(series.starts), "device_hour_price": self.device_hour_price,
                     "arms": {arm: s.columns() for arm, s in series.arms.items()}}
 
         return self.memo.get(("series", last_s, step_s), SERIES_TTL_S, read)

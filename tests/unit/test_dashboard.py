@@ -236,6 +236,18 @@ def test_series_reads_refuse_bad_spans_and_map_store_trouble(store):
     assert len(series["starts"]) in (10, 11) and set(series["arms"]) == {"baseline", "optimized"}
 
 
+def test_status_and_series_say_whether_cost_is_priced(store):
+    """Without CANARY_DEVICE_HOUR_PRICE every cost reads 0: the payloads carry the price (0:
+    not set) so the page can say so instead of charting a flat 0."""
+    unpriced = readings(store)
+    assert unpriced.series(600, 60)["device_hour_price"] == 0
+    assert unpriced.status()["device_hour_price"] == 0
+    priced = Readings(Settings(app_name="unit", device_hour_price=3.6), store, MemoryTelemetry(),
+                      clock=FakeClock(START))
+    assert priced.series(600, 60)["device_hour_price"] == 3.6
+    assert priced.status()["device_hour_price"] == 3.6
+
+
 def test_the_operator_token_setting_is_secret_and_not_trivially_short(monkeypatch):
     monkeypatch.setenv("CANARY_OPERATOR_TOKEN", "from-the-environment-0123")
     settings = Settings()
