@@ -53,13 +53,18 @@ from serve.errors import (
     BodyTimeout,
     ClientGone,
     GatewayError,
+    InProgress,
     InputTooLarge,
     InvalidInput,
+    InvalidOverride,
+    KeyReused,
     ModelFailed,
     ModelTimeout,
     Overloaded,
+    OverrideNotAllowed,
     error_response,
     id_headers,
+    openapi_errors,
     to_response,
 )
 from serve.idempotent import REPLAYED, Idempotency
@@ -70,7 +75,14 @@ from serve.override import override_allowed
 from serve.preprocess import Preprocessor
 from serve.schemas import (
     MAX_ROUTING_KEY,
+    PREDICT_HEADERS,
+    PREDICT_OPENAPI,
+    Health,
     PredictRequest,
+    PredictResponse,
+    Readiness,
+    RolloutView,
+    document_request_models,
     max_body_bytes,
     parse_predict,
     request_id_from,
@@ -84,6 +96,7 @@ log = logging.getLogger("canary.gateway")
 
 api = FastAPI(title="Canary gateway", version="0.1.0")
 api.include_router(dashboard_router)  # /dashboard and its /v1/ API (serve.dashboard)
+document_request_models(api)  # the predict body, read by the gateway itself, in /openapi.json
 
 
 def _ids(request: Request) -> tuple[str, str | None]:
@@ -272,7 +285,10 @@ class Gateway(DashboardRoutes):
         """Requests this replica has admitted and not yet answered."""
         return self.admission.in_flight
 
-    @api.post("/v1/predict")
+    @api.post("/v1/predict", response_model=PredictResponse, openapi_extra=PREDICT_OPENAPI,
+              responses={200: {"headers": PREDICT_HEADERS}, **openapi_errors(
+                  InvalidOverride, OverrideNotAllowed, BodyTimeout, KeyReused, InProgress,
+                  InputTooLarge, InvalidInput, Overloaded, ModelFailed, ModelTimeout)})
     async def predict(self, request: Request) -> JSONResponse:
         """The body first (received by serve.ingress under `body_timeout_s`, outside any
         in-flight bound), then admission: past the adaptive limit (serve.admission, at most
@@ -510,7 +526,7 @@ class Gateway(DashboardRoutes):
             response.cancel()
             raise
 
-    @api.get("/v1/rollout")
+    @api.get("/v1/rollout", responses={200: {"model": RolloutView}, **openapi_errors()})
     async def rollout_state(self) -> dict:
         view = self.watcher.view()
         state = view.state
@@ -539,11 +555,13 @@ class Gateway(DashboardRoutes):
         return Response(self.telemetry.prometheus_text(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @api.get("/healthz")
+    @api.get("/healthz", responses={200: {"model": Health}, **openapi_errors()})
     async def healthz(self) -> dict:
         return {"status": "ok"}
 
-    @api.get("/readyz")
+    @api.get("/readyz", response_model=None, responses={
+        200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready: the "
+                                          "baseline model does not answer"}, **openapi_errors()})
     async def readyz(self) -> JSONResponse:
         view = self.watcher.view()
         checks = await asyncio.gather(

@@ -4,13 +4,18 @@ Shape errors (malformed JSON, wrong types, empty list, empty or blank items, unk
 are InvalidInput (422); size errors (items, characters, bytes over the limits) are
 InputTooLarge (413). Size is checked on the raw body first, so an oversized body is refused
 before it is parsed.
+
+The gateway reads the body itself (serve.ingress receives it under a deadline), so FastAPI never
+sees `PredictRequest`: `PREDICT_OPENAPI` and `document_request_models` put it in the OpenAPI
+document; `PredictResponse` is the 200 body as the gateway builds it.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
@@ -21,11 +26,112 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
 MAX_ROUTING_KEY = 1024
 
 
+Task = Literal["classify", "embed"]
+
+
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    inputs: list[StrictStr] = Field(min_length=1)
-    task: Literal["classify", "embed"] | None = None
+    inputs: list[StrictStr] = Field(
+        min_length=1, description="the texts, none empty or blank; at most `max_items` of at "
+        "most `max_item_chars` characters, `max_total_chars` in all (else 413)")
+    task: Task | None = Field(None, description="default: the gateway's `default_task`")
+
+
+class Classification(BaseModel):
+    label: str = Field(description="the top-scoring label")
+    scores: dict[str, float] = Field(description="every label's score")
+
+
+class Embedding(BaseModel):
+    embedding: list[float]
+
+
+class PredictResponse(BaseModel):
+    """The 200 body of `POST /v1/predict` (built by serve.gateway's `_respond`)."""
+
+    request_id: str
+    arm: Literal["baseline", "optimized"] = Field(description="the arm that answered")
+    model_version: str
+    task: Task
+    outputs: list[Classification | Embedding] = Field(description="one per input, in order")
+    fallback: bool = Field(description="the optimized arm failed; baseline answered instead")
+    routing: str = Field(description="why this arm: share, canary, route:<id>, override, ...")
+
+
+class Health(BaseModel):
+    """`GET /healthz`: the gateway's process answers."""
+
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    """`GET /readyz`: 200 when the baseline model answers, else 503."""
+
+    ready: bool
+    models: dict[str, bool] = Field(description="arm -> whether its model answered a ping")
+    state: str = Field(description="`fresh`, or stale (routing all to baseline)")
+
+
+class RolloutView(BaseModel):
+    """`GET /v1/rollout`: the rollout state as this replica applies it."""
+
+    state: dict[str, Any] = Field(description="the rollout state as stored")
+    canary_percent: float
+    effective_percent: float = Field(description="the share the replica routes to optimized")
+    routing: str
+    stale: bool
+    state_age_s: float | None
+    store_error: str | None
+    serving: dict[str, str] = Field(description="arm -> model version")
+    admission: dict[str, Any]
+    routes: list[dict[str, Any]] = Field(description="the header routes this replica applies")
+    routes_applied: bool
+
+
+def _header(name: str, description: str, **schema: Any) -> dict:
+    return {"name": name, "in": "header", "required": False, "description": description,
+            "schema": {"type": "string", **schema}}
+
+
+_REQUEST_ID_SCHEMA = {"pattern": _REQUEST_ID.pattern, "maxLength": 128}
+PREDICT_OPENAPI: dict[str, Any] = {  # `openapi_extra` of the predict route
+    "requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}}}},
+    "parameters": [
+        _header("X-Request-ID", "echoed when well-formed, else replaced", **_REQUEST_ID_SCHEMA),
+        _header("X-Routing-Key", "the key the canary share is decided on (default: the "
+                "request id)", maxLength=MAX_ROUTING_KEY),
+        _header("Idempotency-Key", "a retry with the same key and inputs replays the stored "
+                "answer", **_REQUEST_ID_SCHEMA),
+        _header("X-Canary-Arm-Override", "operators only (with `Authorization: Bearer "
+                "<operator token>`)", enum=["baseline", "optimized"]),
+    ],
+}
+PREDICT_HEADERS = {  # the 200 response's headers
+    name: {"description": description, "schema": {"type": "string"}}
+    for name, description in [
+        ("X-Request-ID", "the request's id"), ("X-Canary-Arm", "the arm that answered"),
+        ("X-Canary-Reason", "why this arm (as `routing`)"),
+        ("Server-Timing", "the stages' milliseconds and the batch"),
+        ("Idempotency-Status", "`replayed` when the answer is a stored one"),
+    ]
+}
+
+
+def document_request_models(app: Any) -> None:
+    """Add the models of bodies the gateway reads itself (`PredictRequest`) to `app`'s OpenAPI
+    components, where `PREDICT_OPENAPI` refers to them. `app`: a FastAPI application."""
+    build: Callable[[], dict] = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schemas = build().setdefault("components", {}).setdefault("schemas", {})
+            schemas["PredictRequest"] = PredictRequest.model_json_schema(
+                ref_template="#/components/schemas/{model}")
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def request_id_from(header: str | None) -> str:
