@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, WithJsonSchema
 
 from rollout.settings import Settings
 from serve.errors import InputTooLarge, InvalidInput
@@ -27,12 +27,14 @@ MAX_ROUTING_KEY = 1024
 
 
 Task = Literal["classify", "embed"]
+# an input as documented: not empty nor blank (parse_predict checks it, with its own message)
+Text = Annotated[StrictStr, WithJsonSchema({"type": "string", "minLength": 1, "pattern": r"\S"})]
 
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    inputs: list[StrictStr] = Field(
+    inputs: list[Text] = Field(
         min_length=1, description="the texts, none empty or blank; at most `max_items` of at "
         "most `max_item_chars` characters, `max_total_chars` in all (else 413)")
     task: Task | None = Field(None, description="default: the gateway's `default_task`")
