@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import expect
@@ -166,3 +167,87 @@ def test_a_gateway_without_a_token_is_read_only(gw, browser):
             assert tab.is_disabled(button)
     finally:
         context.close()
+
+
+@contextmanager
+def dashboard_at(browser, gw, width: int):
+    """The dashboard in a fresh context `width` px wide, once it is live."""
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    try:
+        tab = context.new_page()
+        tab.set_default_timeout(TIMEOUT_MS)
+        tab.goto(gw.url + "/dashboard")
+        expect(tab.locator("#live")).to_have_text("live")
+        yield tab
+    finally:
+        context.close()
+
+
+# what a ramp evaluation writes: long, with an unbroken token that must wrap, not widen the page
+LONG_REASON = ("hold: step 1 of 2 (10 %), 212 s of 600 s soak; " + "; ".join(
+    f"gate {name} {value} <= {limit} pass (n=812 over the step, window 300 s)"
+    for name, value, limit in [("p99_ms", 412.5, 4000), ("error_rate_delta", 0.001, 0.05),
+                               ("timeout_rate_delta", 0.0, 0.02), ("confident_flip_rate", 0, 0.01)]
+) + "; checks https://health.internal.example/" + "x" * 90 + " answered 200") * 2
+
+# every panel, its width against what it holds; the page against the window; the audit rows
+LAYOUT = """() => ({
+  page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+  panels: [...document.querySelectorAll("main > .panel")].map(p =>
+    [p.id || p.querySelector("h2").textContent.trim(), p.scrollWidth, p.clientWidth]),
+  tables: [...document.querySelectorAll("main table")].filter(t => t.offsetParent).map(t =>
+    [t.id, t.getBoundingClientRect().right, t.closest(".panel").getBoundingClientRect().right]),
+})"""
+AUDIT_ROW_MAX_PX = 48  # two lines of reason (~40 px); the long reason unclamped is 6 lines or more
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_tables_fit_their_panels_and_audit_rows_stay_compact(gw, browser, width):
+    gw.set_state(canary_bp=5_000)
+    control = gw.rollout()
+    _, state = control.set_canary(5_100, actor="ramp", reason=LONG_REASON)
+    control.store.close()
+    gw.wait_for_revision(state.revision)
+    for i in range(8):
+        gw.predict([f"layout {i}"], **{"X-Routing-Key": f"user-{i}"})
+    with dashboard_at(browser, gw, width) as tab:
+        expect(tab.locator("#audit")).to_contain_text(LONG_REASON[:40])
+        expect(tab.locator("#arms")).to_contain_text("optimized", timeout=20_000)
+        layout = tab.evaluate(LAYOUT)
+        scroll, client = layout["page"]
+        assert scroll <= client, f"the page is {scroll} px wide in a {client} px window"
+        overflowing = [p for p in layout["panels"] if p[1] > p[2] + 1]
+        assert overflowing == [], f"panels whose content is wider than they are: {overflowing}"
+        assert {"arms", "gateways", "audit"} <= {t[0] for t in layout["tables"]}
+        clipped = [t for t in layout["tables"] if t[1] > t[2] + 1]
+        assert clipped == [], f"tables past their panel's right edge: {clipped}"
+
+        long_row = tab.locator("#audit tr", has_text=LONG_REASON[:40]).first
+        assert long_row.bounding_box()["height"] <= AUDIT_ROW_MAX_PX
+        reason = long_row.locator("td.reason .clamp")
+        assert reason.get_attribute("title") == LONG_REASON  # the full text on hover
+        reason.click()  # and on click, kept across the 2 s refreshes
+        expect(reason).to_have_class(re.compile(r"\bopen\b"))
+        assert long_row.bounding_box()["height"] > 2 * AUDIT_ROW_MAX_PX
+        tab.wait_for_timeout(2_500)
+        assert "open" in tab.locator("#audit tr", has_text=LONG_REASON[:40]).first.locator(
+            ".clamp").get_attribute("class")
+
+
+def test_cost_chart_says_no_price_is_set_under_default_settings(gw, browser):
+    """Without CANARY_DEVICE_HOUR_PRICE (the default, 0) every cost reads 0: the chart and the
+    traffic table say so instead of drawing a flat 0."""
+    gw.redeploy({}, device_hour_price=0.0)  # the gw fixture restores the price for later tests
+    assert gw.client.get("/v1/series?last_s=300&step_s=5").json()["device_hour_price"] == 0
+    for i in range(6):
+        assert gw.predict([f"unpriced {i}"]).status_code == 200
+    with dashboard_at(browser, gw, 1280) as tab:
+        cost = tab.locator('[data-chart="cost_per_1k"]')
+        expect(cost).to_contain_text("no device price set: CANARY_DEVICE_HOUR_PRICE")
+        assert cost.locator("path").count() == 0 and chart_points(tab, "cost_per_1k") == 0
+        # the other charts draw as usual
+        expect(tab.locator('[data-chart="request_rate"] path')).not_to_have_count(0,
+                                                                               timeout=20_000)
+        expect(tab.locator("#arms")).to_contain_text("no price")
+        assert tab.locator("#arms td", has_text="no price").first.get_attribute("title") == (
+            "no device price set: CANARY_DEVICE_HOUR_PRICE")

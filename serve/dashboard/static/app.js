@@ -7,7 +7,9 @@ const STATUS_EVERY_MS = 2000;
 const SERIES_EVERY_MS = 5000;
 const ARMS = ["baseline", "optimized"];
 const $ = id => document.getElementById(id);
-const view = { revision: null, actions: false, trace: null, pending: null };
+const view = { revision: null, actions: false, trace: null, pending: null, openAudit: new Set() };
+// shown where a cost would read 0 only because no price is configured
+const UNPRICED = "no device price set: CANARY_DEVICE_HOUR_PRICE";
 
 const pct = v => (v === null || v === undefined) ? "–" : (v * 100).toFixed(v < 0.1 ? 2 : 1) + " %";
 const num = (v, d = 1) => (v === null || v === undefined) ? "–" : Number(v).toFixed(d);
@@ -21,13 +23,15 @@ async function getJSON(url) {
   return body;
 }
 
+// opts.wrap: indexes of free-text cells that wrap (the others stay on one line)
 function row(cells, opts = {}) {
   const tr = document.createElement("tr");
-  for (const cell of cells) {
+  cells.forEach((cell, i) => {
     const td = document.createElement(opts.head ? "th" : "td");
     td.textContent = cell === null || cell === undefined ? "–" : String(cell);
+    if (opts.wrap && opts.wrap.includes(i)) td.className = "wrap";
     tr.appendChild(td);
-  }
+  });
   return tr;
 }
 
@@ -64,24 +68,27 @@ function renderStatus(s) {
   fill($("arms"), ["arm", "req/s", "success", "errors", "timeouts", "retries", "p50 ms", "p99 ms", "queue", "batch", "cost/1k"],
     ARMS.filter(a => arms[a]).map(a => {
       const x = arms[a];
-      return row([a, num(x.request_rate, 2), pct(x.success_rate), pct(x.error_rate), pct(x.timeout_rate),
+      const unpriced = s.device_hour_price === 0;
+      const tr = row([a, num(x.request_rate, 2), pct(x.success_rate), pct(x.error_rate), pct(x.timeout_rate),
         pct(x.retry_rate), num(x.p50_ms), num(x.p99_ms), num(x.queue_mean), num(x.batch_mean),
-        x.cost_per_1k === null ? "–" : x.cost_per_1k.toFixed(6)]);
+        unpriced ? "no price" : x.cost_per_1k === null ? "–" : x.cost_per_1k.toFixed(6)]);
+      if (unpriced) tr.lastChild.title = UNPRICED;
+      return tr;
     }));
-  if (traffic.error) $("arms").appendChild(row([`telemetry unavailable: ${traffic.error}`]));
+  if (traffic.error) $("arms").appendChild(row([`telemetry unavailable: ${traffic.error}`], { wrap: [0] }));
 
   // header routes (`rollout route add|list|remove`), tried in id order before the share
   const applied = s.routing.routes_applied ? "applied" : "not applied (kill switch or stale state)";
   fill($("routes"), ["id", "header", "values", "arm", "added", "by", "reason", "here"],
     (s.routes || []).map(r => row([r.id, r.header, r.values.join(", "), r.arm, when(r.created_at),
-      r.created_by, r.reason, applied])));
+      r.created_by, r.reason, applied], { wrap: [1, 2, 5, 6, 7] })));
   if (!(s.routes || []).length) $("routes").appendChild(row(["none: every request is routed by the share"]));
 
   fill($("gateways"), ["gateway", "optimized", "baseline", "revision", "seen", "note"],
     (s.gateways || []).map(g => row([g.gateway, g.optimized_version, g.baseline_version, g.state_revision,
       `${Math.round(g.age_s)} s ago`,
       [g.silent ? "silent" : "", g.version_mismatch ? "serves another optimized version: routes 0 %" : "",
-       ...(g.events || [])].filter(Boolean).join("; ")])));
+       ...(g.events || [])].filter(Boolean).join("; ")], { wrap: [0, 1, 2, 5] })));
   renderAgreement(s.traffic ? s.traffic.shadow : null);
 }
 
@@ -161,7 +168,8 @@ function renderRamp(r) {
   gates.id = "ramp-gates";
   fill(gates, ["gate", "value", "", "threshold", "status"], ((last && last.gates) || []).map(g => {
     const tr = row([g.name, g.value === null ? "–" : +(+g.value).toPrecision(4), GATE_OPS[g.name] || "≤",
-      g.threshold === null ? "–" : +(+g.threshold).toPrecision(4), g.status + (g.note ? ` (${g.note})` : "")]);
+      g.threshold === null ? "–" : +(+g.threshold).toPrecision(4), g.status + (g.note ? ` (${g.note})` : "")],
+      { wrap: [4] });
     tr.className = "gate " + (g.status === "fail" ? "fail" : g.status === "pass" ? "pass" : "");
     if (GATE_HINTS[g.name]) tr.firstChild.title = GATE_HINTS[g.name];
     return tr;
@@ -171,7 +179,7 @@ function renderRamp(r) {
   checks.id = "ramp-checks";
   fill(checks, ["check", "value", "expected", "status"], ((last && last.checks) || []).map(c => {
     const tr = row([c.name, c.value === null ? "–" : +(+c.value).toPrecision(4), c.threshold,
-      c.status + (c.note ? ` (${c.note})` : "")]);
+      c.status + (c.note ? ` (${c.note})` : "")], { wrap: [2, 3] });
     tr.className = "gate " + (c.status === "fail" ? "fail" : c.status === "pass" ? "pass" : "");
     return tr;
   }));
@@ -194,13 +202,14 @@ const METRICS = [
   ["p99_ms", "p99 latency (ms)", v => v.toFixed(1)],
   ["queue_mean", "queue length", v => v.toFixed(1)],
   ["batch_mean", "batch size", v => v.toFixed(1)],
-  ["cost_per_1k", "cost per 1,000 requests", v => v.toFixed(5)],
+  ["cost_per_1k", "cost per 1,000 requests", v => v.toFixed(5),
+    s => s.device_hour_price === 0 ? UNPRICED : null],
 ];
 
 function renderSeries(series) {
-  for (const [key, title, format] of METRICS) {
+  for (const [key, title, format, noteOf] of METRICS) {
     Charts.draw($("charts"), {
-      id: key, title, format, starts: series.starts,
+      id: key, title, format, starts: series.starts, note: noteOf ? noteOf(series) : null,
       lines: ARMS.map(arm => ({ name: arm, values: series.arms[arm][key] })),
     });
   }
@@ -208,10 +217,24 @@ function renderSeries(series) {
 
 // --- audit and traces -------------------------------------------------------------------------
 
+// A reason shows at most two lines (ramp evaluations write long ones); the full text is its
+// title, and a click expands it (kept across refreshes by entry id).
 function renderAudit(entries) {
   fill($("audit"), ["time", "actor", "action", "revision", "reason"],
-    entries.map(e => { const tr = row([when(e.ts), e.actor, e.action, e.revision, e.reason]);
-      tr.lastChild.className = "wrap"; return tr; }));
+    entries.map(e => {
+      const tr = row([when(e.ts), e.actor, e.action, e.revision, null], { wrap: [1] });
+      const reason = document.createElement("div");
+      reason.className = "clamp" + (view.openAudit.has(e.id) ? " open" : "");
+      reason.textContent = e.reason;
+      reason.title = e.reason;
+      reason.addEventListener("click", () => {
+        if (!reason.classList.toggle("open")) view.openAudit.delete(e.id);
+        else view.openAudit.add(e.id);
+      });
+      tr.lastChild.className = "reason";
+      tr.lastChild.replaceChildren(reason);
+      return tr;
+    }));
 }
 
 function renderTraces(traces) {

@@ -26,7 +26,17 @@ const Charts = (() => {
     return { d, count };
   }
 
-  // spec: {id, title, format(v), starts: [epoch s], lines: [{name, values}]}
+  // A chart whose figures mean nothing yet (nothing configured): the note instead of lines.
+  function noteOnly(box, note) {
+    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": note });
+    svg.appendChild(el("text", { class: "note", x: W / 2, y: H / 2, "text-anchor": "middle" }, note));
+    box.dataset.points = 0;
+    box.dataset.note = note;
+    box.appendChild(svg);
+  }
+
+  // spec: {id, title, format(v), starts: [epoch s], lines: [{name, values}], note?}
+  // With `note` (e.g. "no device price set: ..."), the chart shows the note and no lines.
   function draw(container, spec) {
     let box = container.querySelector(`[data-chart="${spec.id}"]`);
     if (!box) {
@@ -36,15 +46,22 @@ const Charts = (() => {
       container.appendChild(box);
     }
     box.replaceChildren();
+    delete box.dataset.note;
     const head = document.createElement("h3");
     head.textContent = spec.title;
     const last = document.createElement("span");
     last.className = "last";
+    box.appendChild(head);
+    if (spec.note) {
+      last.textContent = "–";
+      head.appendChild(last);
+      noteOnly(box, spec.note);
+      return;
+    }
     last.textContent = spec.lines
       .map(l => { const v = [...l.values].reverse().find(v => v !== null); return v === undefined ? "–" : spec.format(v); })
       .join(" / ");
     head.appendChild(last);
-    box.appendChild(head);
 
     const xs = spec.starts;
     const all = spec.lines.flatMap(l => l.values).filter(v => v !== null && isFinite(v));
