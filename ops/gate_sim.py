@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ops._cli_args import _positive
 from rollout.agreement import wilson_interval
 from rollout.ramp import Ramp, parse_plan
 from rollout.ramp.machine import judge_gates
@@ -225,16 +226,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-s", type=_positive, default=120,
                         help="the old gate's window_s")
     return parser
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def _fraction(text: str) -> float:
