@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from rollout import DeploymentReport, FakeClock, MemoryStateStore, Rollout, Verdict
-from rollout.ramp import CONTROLLER, MemoryRampStore, RampControl, RampController, parse_plan
-from rollout.windows import ArmStats
+from rollout.ramp import (
+    CONTROLLER,
+    MemoryRampStore,
+    RampControl,
+    RampController,
+    WindowsMetrics,
+    parse_plan,
+)
+from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
+from rollout.windows import ArmStats, MemoryHashes, Windows
 
 BASELINE, OPTIMIZED = "fp32-aaaa", "bf16-bbbb"
 
@@ -122,3 +130,21 @@ class Harness:
     def controller_changes(self) -> list[str]:
         return [e.action for e in self.states.audit() if e.actor == CONTROLLER
                 and e.action.startswith("canary")]
+
+
+class ShadowFedMetrics(ScriptedMetrics):
+    """Scripted arms; the shadow gates read shadow counters filed as the gateways file them."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.hashes = MemoryHashes()
+        self.shadow = WindowsMetrics(Windows(self.hashes, "app", clock=clock))
+
+    def file(self, ts: float, outcomes: list[PairOutcome]) -> None:
+        self.hashes.increment(merge_shadow([ShadowItem(ts, shadow_fields(outcomes))], "app"))
+
+    def agreement(self, last_s):
+        return self.shadow.agreement(last_s)
+
+    def confident(self, last_s, min_margin=0.05):
+        return self.shadow.confident(last_s, min_margin)

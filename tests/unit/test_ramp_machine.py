@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rollout import RampNotAllowed
-from rollout.ramp import CONTROLLER, RampController, WindowsMetrics
-from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
-from rollout.windows import MemoryHashes, Windows
-from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, stats
+from rollout.ramp import CONTROLLER, RampController
+from rollout.shadow import PairOutcome
+from tests.ramp_harness import PLAN, Harness, ShadowFedMetrics, stats
 
 
 @pytest.fixture
@@ -133,24 +132,6 @@ def test_the_agreement_gate_rolls_back_and_waits_for_shadow_pairs():
     decision = h.tick()
     assert decision.kind == "rollback" and h.share == 0
     assert "agreement_lower_bound 0.9" in decision.reason and ">= 0.98: fail" in decision.reason
-
-
-class ShadowFedMetrics(ScriptedMetrics):
-    """Scripted arms; the shadow gates read shadow counters filed as the gateways file them."""
-
-    def __init__(self, clock):
-        super().__init__()
-        self.hashes = MemoryHashes()
-        self.shadow = WindowsMetrics(Windows(self.hashes, "app", clock=clock))
-
-    def file(self, ts: float, outcomes: list[PairOutcome]) -> None:
-        self.hashes.increment(merge_shadow([ShadowItem(ts, shadow_fields(outcomes))], "app"))
-
-    def agreement(self, last_s):
-        return self.shadow.agreement(last_s)
-
-    def confident(self, last_s, min_margin=0.05):
-        return self.shadow.confident(last_s, min_margin)
 
 
 def test_the_confident_flip_gate_passes_near_tie_flips_and_rolls_back_on_a_confident_one():

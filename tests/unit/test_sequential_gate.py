@@ -15,7 +15,7 @@ from rollout.agreement import agreement_cs
 from rollout.ramp import PlanError, WindowsMetrics, parse_plan
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
 from rollout.windows import MemoryHashes, Windows
-from tests.ramp_harness import PLAN, Harness, ScriptedMetrics
+from tests.ramp_harness import PLAN, Harness, ShadowFedMetrics
 
 # The example plan's agreement gate (ops/plans/example-ramp.yaml): 0.98 from 100 pairs; a
 # 30-minute step evaluated every 5 s (CANARY_RAMP_INTERVAL_S), 2-20 shadow pairs/s.
@@ -150,24 +150,6 @@ def test_min_margin_must_be_a_margin_bucket_edge():
             parse_plan(dict(plan, gates={"confident_flip_rate": 0.0, "min_margin": bad}))
         if bad != "wide":
             assert "0.005, 0.01, 0.02, 0.05, 0.1" in str(exc.value)
-
-
-class ShadowFedMetrics(ScriptedMetrics):
-    """Scripted arms; the shadow gates read counters filed as the gateways file them."""
-
-    def __init__(self, clock):
-        super().__init__()
-        self.hashes = MemoryHashes()
-        self.shadow = WindowsMetrics(Windows(self.hashes, "app", clock=clock))
-
-    def file(self, ts: float, outcomes: list[PairOutcome]) -> None:
-        self.hashes.increment(merge_shadow([ShadowItem(ts, shadow_fields(outcomes))], "app"))
-
-    def agreement(self, last_s):
-        return self.shadow.agreement(last_s)
-
-    def confident(self, last_s, min_margin=0.05):
-        return self.shadow.confident(last_s, min_margin)
 
 
 @pytest.mark.parametrize(("min_margin", "verdict", "note"), [
