@@ -15,6 +15,9 @@ Keys, under one namespace per application (`rollout:<app>:`):
              last_delivered_ts, last_given_up_ts, last_dropped_ts
 - `notify:cursor`     string: the last audit entry id the notifier has finished with
 - `notify:sent:<sha>` string (expires): one (event id, URL) claimed for delivery (deduplication)
+- `telemetry:targets` hash: gateway replica id -> its metrics endpoint (JSON: address, labels,
+             expiry), for Prometheus service discovery (serve.metrics_targets); the other
+             `telemetry:` keys are rollout.windows' and rollout.traces'
 
 Plain Python, no Redis client: rollout.redis_store runs these scripts through redis-py, and the
 CLI's kill switch (rollout.killswitch) through a bare connection, so both write alike.
@@ -73,6 +76,10 @@ class Keys:
 
     def notify_sent(self, digest: str) -> str:
         return self.prefix + "notify:sent:" + digest
+
+    @property
+    def metrics_targets(self) -> str:
+        return self.prefix + "telemetry:targets"
 
 
 # The one write of the state. KEYS: state, history, audit. ARGV: before revision, after

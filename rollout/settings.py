@@ -507,6 +507,26 @@ class TelemetrySettings(BaseSettings):
         0.0, ge=0, le=1_000_000, description="price of one device-hour (any currency), for "
         "cost per 1,000 requests"
     )
+    metrics_targets: bool = Field(
+        True, description="each gateway replica serves its Prometheus metrics on a port of its "
+        "own and registers it in Redis, listed by `GET /v1/metrics/targets` for Prometheus' "
+        "`http_sd_configs` (docs/telemetry.md); off: only `GET /metrics`"
+    )
+    metrics_host: str = Field(
+        "", max_length=253, pattern=r"^[A-Za-z0-9.:\-]*$", description="address a gateway "
+        "replica's metrics port binds to and is registered under; empty: the node's IP as Ray "
+        "knows it; `0.0.0.0` binds every interface and registers the node's IP"
+    )
+    metrics_port: int = Field(
+        0, ge=0, le=65_535, description="0: an ephemeral port per gateway replica; else the "
+        "first port tried, upward through 99 more (replicas on one node take the next free "
+        "one: open that range to Prometheus)"
+    )
+    metrics_target_ttl_s: float = Field(
+        30.0, ge=15, le=3_600, description="a replica's registration expires unless it is "
+        "refreshed (every 10 s) within this: a replica that died without saying so leaves the "
+        "discovered targets after at most this"
+    )
 
 
 class ShadowSettings(BaseSettings):

@@ -10,7 +10,8 @@ For a share of answered requests the other arm is then also asked, off the respo
 the two answers compared (serve.shadow).
 
 Telemetry (serve.observe) follows the request: a span per step in one trace that the model
-replica joins, per-arm metrics (also on `GET /metrics` for Prometheus), a Redis window record and
+replica joins, per-arm metrics (for Prometheus on the replica's own port, listed by
+`GET /v1/metrics/targets`: serve.metrics_targets; and on `GET /metrics`), a Redis window record and
 one JSON log line. It never decides anything: with telemetry off the request path is the same.
 """
 
@@ -69,6 +70,14 @@ from serve.errors import (
 )
 from serve.idempotent import REPLAYED, Idempotency
 from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE, receive_body
+from serve.metrics_targets import (
+    RedisTargetBook,
+    ReplicaEndpoint,
+    TargetGroup,
+    TargetsUnavailable,
+    read_discovery,
+    replica_identity,
+)
 from serve.notify import RedisLedger, StoreOutageNotifier
 from serve.observe import Observation, Observer
 from serve.override import override_allowed
@@ -203,7 +212,15 @@ class Gateway(DashboardRoutes):
         self.serving = infos[1]["version"]
         self.preprocess = Preprocessor(settings, infos)  # tokenizes here when the models agree
         self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
-        self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True)
+        self.replica, node_ip = replica_identity()
+        self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True,
+                                   instance=self.replica)
+        # this replica's own metrics port, registered for Prometheus (serve.metrics_targets)
+        self.targets = RedisTargetBook(settings.redis_url, settings.app_name,
+                                       timeout_s=settings.redis_timeout_s,
+                                       key_ttl_s=2 * settings.metrics_target_ttl_s)
+        self.metrics_endpoint = ReplicaEndpoint.open(
+            settings, self.telemetry.registry, self.targets, replica=self.replica, node_ip=node_ip)
         self.observer = Observer(self.telemetry)
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings)
@@ -229,7 +246,7 @@ class Gateway(DashboardRoutes):
             self.store,
             poll_s=settings.state_poll_s,
             staleness_s=settings.state_staleness_s,
-            heartbeat=self._report,
+            heartbeat=self._heartbeat,
             on_stale=StoreOutageNotifier(self.notifier, settings.app_name, self.identity)
             if self.notifier else None,
         )
@@ -243,6 +260,13 @@ class Gateway(DashboardRoutes):
                                calls=settings.gateway_coalesce_calls,
                                max_items=settings.max_batch_size)
                 for arm in self.handles}
+
+    def _heartbeat(self) -> None:
+        """The watcher's heartbeat (every 10 s): register this replica's metrics endpoint again
+        (never raises), then report what it serves."""
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.refresh()
+        self._report()
 
     def _report(self) -> None:
         """Tell operators what this replica serves and what it went through (operator guide)."""
@@ -270,6 +294,12 @@ class Gateway(DashboardRoutes):
         notifier = getattr(self, "notifier", None)
         if notifier is not None:
             notifier.close(timeout_s=1)
+        endpoint = getattr(self, "metrics_endpoint", None)
+        if endpoint is not None:
+            endpoint.close()  # out of Prometheus' targets before the port closes
+        targets = getattr(self, "targets", None)
+        if targets is not None:
+            targets.close()
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.shutdown()
@@ -551,9 +581,18 @@ class Gateway(DashboardRoutes):
 
     @api.get("/metrics")
     async def metrics(self) -> Response:
-        """Prometheus text exposition of this replica's metrics (empty with telemetry off)."""
+        """Prometheus text exposition of the metrics of the replica that answered (empty with
+        telemetry off): with several gateway replicas, point Prometheus' `http_sd_configs` at
+        `/v1/metrics/targets` instead."""
         return Response(self.telemetry.prometheus_text(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.get("/v1/metrics/targets", response_model=list[TargetGroup],
+             responses=openapi_errors(TargetsUnavailable))
+    async def metrics_targets(self) -> list[dict]:
+        """Every gateway replica's own metrics endpoint, as Prometheus HTTP service discovery
+        (`http_sd_configs`) reads it: one target group per replica (docs/telemetry.md)."""
+        return await asyncio.to_thread(read_discovery, self.targets, time.time())
 
     @api.get("/healthz", responses={200: {"model": Health}, **openapi_errors()})
     async def healthz(self) -> dict:

@@ -11,8 +11,13 @@ Where telemetry goes, decided once when the process starts:
   the process starts). The SDK's exporters read the other standard variables themselves
   (`OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`, `..._COMPRESSION`, `OTEL_METRIC_EXPORT_INTERVAL`,
   `OTEL_RESOURCE_ATTRIBUTES`).
-- **Prometheus** (gateway only): a reader with a registry of its own, rendered by
-  `prometheus_text()` for `GET /metrics`.
+- **Prometheus** (gateway only): a reader with a registry of its own (`registry`), rendered by
+  `prometheus_text()` for `GET /metrics` and served on the replica's own port for Prometheus'
+  service discovery (serve.metrics_targets).
+
+`instance` names the process among its peers (the Serve replica id): it is the resource's
+`service.instance.id`, so OTLP metrics from several replicas stay apart in a collector as
+Prometheus' `instance` keeps scraped ones apart (else the SDK makes up a random one).
 
 The tracer and meter providers belong to this object and are never installed globally, so two
 Telemetry objects in one process (tests, two applications) do not see each other's data.
@@ -125,7 +130,8 @@ class RequestLog:
 class Telemetry:
     """Tracer, meter, sinks and request log of one process.
 
-    `span_exporters` and `metric_readers` add test doubles (the SDK's in-memory ones);
+    `instance` becomes `service.instance.id`; `span_exporters` and `metric_readers` add test
+    doubles (the SDK's in-memory ones);
     `store` replaces the Redis writer (anything with `write(items)`); `environ` replaces
     `os.environ` for the OTLP decision.
     """
@@ -137,6 +143,7 @@ class Telemetry:
         *,
         prometheus: bool = False,
         request_log: bool = False,
+        instance: str | None = None,
         environ: Mapping[str, str] | None = None,
         span_exporters: Sequence[SpanExporter] = (),
         metric_readers: Sequence[MetricReader] = (),
@@ -158,7 +165,10 @@ class Telemetry:
         environ = os.environ if environ is None else environ
         otlp = otlp_endpoints(environ)
         self._start_sinks(store, request_log, log_stream)
-        resource = Resource.create({"service.name": service, "canary.app": settings.app_name})
+        attributes = {"service.name": service, "canary.app": settings.app_name}
+        if instance:
+            attributes["service.instance.id"] = instance
+        resource = Resource.create(attributes)
         self._tracer_provider = self._traces(resource, otlp, span_exporters)
         self._meter_provider = self._metrics(resource, otlp, metric_readers, prometheus)
         self.tracer = self._tracer_provider.get_tracer(SCOPE)
@@ -218,6 +228,12 @@ class Telemetry:
             if sink is not None:
                 out.update({f"{name}:{reason}": n for reason, n in sink.dropped.items()})
         return out
+
+    @property
+    def registry(self):
+        """The Prometheus registry (a prometheus_client CollectorRegistry), or None without
+        one (not asked for, or telemetry off)."""
+        return self._registry
 
     def prometheus_text(self) -> bytes:
         if self._registry is None:
