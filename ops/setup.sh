@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, and nothing twice: Debian's redis-server (and chromium for the
-# tests: `ops/setup.sh --tests`), a virtualenv in .venv with
+# Installs what is missing, and nothing twice: Debian's redis-server (and chromium and
+# prometheus for the tests: `ops/setup.sh --tests`), a virtualenv in .venv with
 # PyTorch 2.13.0 (the CPU build this machine keeps on disk; never a CUDA build) and this project
 # with its test extras. Re-running it is cheap: it reinstalls only when pyproject.toml changed.
 set -euo pipefail
@@ -20,6 +20,34 @@ if [ -n "$missing" ]; then
   $sudo_cmd apt-get update -qq
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq $missing >/dev/null
+fi
+
+# With `--tests`, servers the tests run themselves (prometheus: tests/integration/
+# test_prometheus.py), installed without their services: a policy-rc.d that denies every start
+# is in place while they install (Debian's way; without it a container without systemd starts
+# them), and a systemd host has their units disabled afterwards: nothing stays listening.
+servers=""
+if [ "${1:-}" = "--tests" ]; then
+  command -v prometheus >/dev/null 2>&1 || servers="$servers prometheus"
+fi
+if [ -n "$servers" ]; then
+  echo "setup: installing$servers (Debian packages; their services stay off)" >&2
+  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  policy=/usr/sbin/policy-rc.d; own_policy=""
+  if [ ! -e "$policy" ]; then
+    own_policy=1
+    trap '[ -z "$own_policy" ] || $sudo_cmd rm -f "$policy"' EXIT
+    printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee "$policy" >/dev/null
+    $sudo_cmd chmod 755 "$policy"
+  fi
+  [ -n "$missing" ] || $sudo_cmd apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    $servers >/dev/null
+  if [ -n "$own_policy" ]; then $sudo_cmd rm -f "$policy"; own_policy=""; fi
+  if [ -d /run/systemd/system ]; then
+    for unit in $servers; do $sudo_cmd systemctl disable --now "$unit" >/dev/null 2>&1 || true; done
+  fi
 fi
 
 python=${PYTHON:-python3}
