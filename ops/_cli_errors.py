@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from rollout.errors import (
     InvalidChange,
+    NotAcknowledged,
     PermissionDenied,
     RevisionConflict,
     RevisionNotFound,
@@ -59,6 +60,7 @@ EXITS: tuple[Exit, ...] = (
     Exit(NothingRecorded, 1, "error: {exc}"),
     _rollout(RevisionConflict, "error: {exc}: nothing was changed; check `rollout status` and "
                                "try again"),
+    _rollout(NotAcknowledged, "error: {exc}"),
     _rollout(StoreUnavailable, "error: {exc} (check REDIS_URL or --redis-url)"),
     _rollout(RolloutError, "error: {exc}"),
     # a bug or an unexpected store reply: still one line, no traceback

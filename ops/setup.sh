@@ -8,7 +8,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 # Debian packages: redis-server, and with `--tests` chromium too (the dashboard's browser tests
-# drive it through Playwright; no browser is ever downloaded).
+# drive it through Playwright; no browser is ever downloaded). The Sentinel tests run Debian's
+# redis-server as `redis-server sentinel.conf --sentinel`: no redis-sentinel package (it would
+# install and start a system service).
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null 2>&1; then

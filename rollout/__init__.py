@@ -94,7 +94,7 @@ def open_store(settings: Settings) -> StateStore:
     from rollout.redis_store import RedisStateStore
 
     return RedisStateStore(settings.redis_url, settings.app_name,
-                           timeout_s=settings.redis_timeout_s)
+                           timeout_s=settings.redis_timeout_s, ack=settings.acknowledgement())
 
 
 def open_telemetry(settings: Settings):

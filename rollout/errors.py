@@ -7,6 +7,7 @@
     ├── PermissionDenied    the store refused: this identity may not do that (least privilege)
     ├── RampNotAllowed      the ramp is not in a state that allows this (none running, ...)
     ├── LeaseLost           a ramp controller wrote without holding its lease
+    ├── NotAcknowledged     a write reached the Redis primary, but too few replicas confirmed it
     └── StoreUnavailable    the state store cannot be reached
 
 Nothing here knows about HTTP or processes: the dashboard and the CLI map these at their edges,
@@ -53,6 +54,11 @@ class LeaseLost(RolloutError):
     """A ramp controller tried to write after another one took over its lease."""
 
 
+class NotAcknowledged(RolloutError):
+    """A write is in effect on the Redis primary, but fewer replicas than required acknowledged
+    it (`WAIT`) in time: a failover could lose it (rollout.redis_conn)."""
+
+
 class StoreUnavailable(RolloutError, ConnectionError):
     """The state store cannot be reached (connection refused, timeout, auth failure)."""
 
@@ -78,6 +84,7 @@ ANSWERS: tuple[tuple[type[RolloutError], EdgeAnswer], ...] = (
     (RevisionConflict, EdgeAnswer(1, 409)),
     (RampNotAllowed, EdgeAnswer(1, 409)),
     (PermissionDenied, EdgeAnswer(1, 503)),
+    (NotAcknowledged, EdgeAnswer(1, 503)),
     (StoreUnavailable, EdgeAnswer(1, 503)),
     (RolloutError, EdgeAnswer(1, None)),
 )

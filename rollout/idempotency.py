@@ -22,9 +22,8 @@ import json
 import threading
 from dataclasses import dataclass
 
-import redis
-
 from rollout.clock import Clock, SystemClock
+from rollout.redis_conn import open_client
 from rollout.redis_store import call_redis
 
 
@@ -103,9 +102,7 @@ class RedisIdempotencyStore(IdempotencyStore):
         self.url = url
         self.prefix = f"rollout:{app}:idem:"
         self.ttl_ms, self.pending_ttl_ms = int(ttl_s * 1000), int(pending_ttl_s * 1000)
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
-        )
+        self._client = open_client(url, timeout_s=timeout_s)
 
     def _call(self, fn, *args, **kwargs):
         return call_redis(self.url, fn, *args, **kwargs)

@@ -17,10 +17,12 @@ the caller takes the full path, which validates it.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, fields, replace
 
 from rollout.clock import Clock, SystemClock
 from rollout.errors import InvalidChange, RevisionConflict
+from rollout.redis_conn import Acknowledgement
 from rollout.redis_layout import CAS, Keys
 from rollout.resp import Connection
 from rollout.share import BUCKETS
@@ -87,11 +89,17 @@ class SwitchState:
 
 
 class QuickSwitch:
-    """The kill switch of one application, on an open connection."""
+    """The kill switch of one application, on an open connection.
 
-    def __init__(self, conn: Connection, app: str, clock: Clock | None = None):
+    A write waits for `ack` (as the Redis store's do: `WAIT` on this connection); short of it,
+    it asks again until `ack_until` (a monotonic deadline: the kill's retry budget), then raises
+    NotAcknowledged, the write in effect on the primary."""
+
+    def __init__(self, conn: Connection, app: str, clock: Clock | None = None, *,
+                 ack: Acknowledgement | None = None, ack_until: float | None = None):
         self.conn, self.keys = conn, Keys(app)
         self.clock = clock or SystemClock()
+        self.ack, self.ack_until = ack or Acknowledgement(), ack_until
 
     def state(self) -> SwitchState:
         raw = self.conn.call("HGET", self.keys.state, "json")
@@ -136,4 +144,14 @@ class QuickSwitch:
              action, reason, before.to_json() if before.revision else "", keys.changes])
         if not ok:
             raise RevisionConflict(before.revision, int(current))
+        if self.ack.replicas:
+            self._acknowledge(f"revision {after.revision} ({action})")
         return after
+
+    def _acknowledge(self, what: str) -> None:
+        while True:
+            count = self.conn.call("WAIT", self.ack.replicas, self.ack.timeout_ms)
+            if count >= self.ack.replicas or self.ack_until is None or (
+                    time.monotonic() >= self.ack_until):
+                self.ack.check(count, what)
+                return

@@ -4,16 +4,20 @@ The keys (`rollout:<app>:state`, `history`, `audit`, `changes`, `deployed`, `ver
 scripts that write them are laid out in rollout.redis_layout. The write is one Lua script, so
 checking the revision, writing the state, recording history, appending the audit entry and
 notifying gateways happen atomically or not at all.
+
+It connects through rollout.redis_conn (one Redis, or the primary Redis Sentinel names), and a
+state change or a note waits for the replicas the settings require (`WAIT`): NotAcknowledged
+when too few have it in time.
 """
 
 from __future__ import annotations
 
 import json
-import re
 
 import redis
 
 from rollout.errors import PermissionDenied, RevisionConflict, RevisionNotFound, StoreUnavailable
+from rollout.redis_conn import Acknowledgement, durable_script, open_client, redact_url
 from rollout.redis_layout import CAS, NOTE, Keys
 from rollout.state import AuditEntry, DeploymentReport, RolloutState
 from rollout.store import StateStore, Subscription, check_successor
@@ -38,17 +42,6 @@ def call_redis(url: str, fn, *args, **kwargs):
         raise PermissionDenied(
             f"Redis at {redact_url(url)} refused: {str(exc).splitlines()[0]}"
         ) from None
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user + ':***' if user else '***'}@{host}"
 
 
 class _RedisSubscription(Subscription):
@@ -88,10 +81,12 @@ class _RedisSubscription(Subscription):
 
 
 class RedisStateStore(StateStore):
-    def __init__(self, url: str, app: str, *, timeout_s: float = 2.0):
+    def __init__(self, url: str, app: str, *, timeout_s: float = 2.0,
+                 ack: Acknowledgement | None = None):
         self.url = url
         self.app = app
         self.timeout_s = timeout_s
+        self.ack = ack or Acknowledgement()  # state changes and notes wait for replicas
         keys = Keys(app)
         self.state_key = keys.state
         self.history_key = keys.history
@@ -99,13 +94,7 @@ class RedisStateStore(StateStore):
         self.channel = keys.changes
         self.deployed_key = keys.deployed
         self.verdicts_key = keys.verdicts
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            health_check_interval=30,
-            decode_responses=True,
-        )
+        self._client = open_client(url, timeout_s=timeout_s, health_check_interval=30)
         self._cas = self._client.register_script(CAS)
         self._note = self._client.register_script(NOTE)
 
@@ -122,23 +111,26 @@ class RedisStateStore(StateStore):
     def compare_and_set(self, before, after, *, actor, action, reason):
         check_successor(before, after)
         before_json = before.model_dump_json() if before.revision else ""
-        ok, current = self._call(
-            self._cas,
+        ok, current = durable_script(
+            self._client, self._call, self.ack, self._cas,
             keys=[self.state_key, self.history_key, self.audit_key],
             args=[
                 before.revision, after.revision, after.model_dump_json(), repr(after.updated_at),
                 actor, action, reason, before_json, self.channel,
             ],
+            what=f"revision {after.revision} ({action})",
         )
         if not ok:
             raise RevisionConflict(before.revision, int(current))
         return after
 
     def note(self, *, ts, actor, action, reason, detail=None):
-        self._call(
-            self._note, keys=[self.state_key, self.audit_key],
+        durable_script(
+            self._client, self._call, self.ack, self._note,
+            keys=[self.state_key, self.audit_key],
             args=[repr(ts), actor, action, reason, RolloutState().model_dump_json(),
                   json.dumps(detail) if detail is not None else ""],
+            what=f"the audit entry {action!r}",
         )
 
     def audit(self, last=None):

@@ -17,6 +17,7 @@ import redis
 
 from rollout.errors import StoreUnavailable
 from rollout.flips import FlipItem, FlipRecord
+from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
 from rollout.redis_store import _UNAVAILABLE, _unavailable
 from rollout.shadow import ShadowItem, merge_shadow
@@ -47,9 +48,7 @@ class RedisTelemetry:
     ):
         self.url, self.app = url, app
         self.max_traces, self.trace_ttl_s, self.window_ttl_s = max_traces, trace_ttl_s, window_ttl_s
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
-        )
+        self._client = open_client(url, timeout_s=timeout_s)  # telemetry: no WAIT
 
     # --- writer ---------------------------------------------------------------------------
 

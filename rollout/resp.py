@@ -12,6 +12,17 @@ connected differently from it.
     query options: db, username, password, ssl_cert_reqs (none | optional | required),
                    ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_check_hostname
 
+and the Sentinel form as rollout.redis_conn reads it (`connect` takes either):
+
+    redis+sentinel://[[username]:password@]host:port[,host:port...]/<service>[/<db>]
+    rediss+sentinel://...   (TLS to the sentinels and the primary, the query options above)
+
+With a sentinel URL, `connect` asks the sentinels in order (`SENTINEL get-master-addr-by-name`),
+connects to the primary the first one that answers names, and checks that it says `master`
+(`ROLE`; an ACL user refused ROLE relies on the write's READONLY error instead). A sentinel or
+primary that cannot be reached, or an address that is not (yet) the primary, is an OSError: the
+caller may find the primary again and retry (`retryable`).
+
 Errors: `ReplyError` for an error reply (WRONGPASS, NOPERM, NOSCRIPT, ...); OSError (timeouts
 and TLS errors included) for the transport; `ProtocolError` for a reply it cannot read.
 """
@@ -23,6 +34,8 @@ import hashlib
 import socket
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlparse
+
+from rollout.redis_conn import SentinelURL, is_sentinel, parse_sentinel_url
 
 _OPTIONS = {"db", "username", "password", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
             "ssl_keyfile", "ssl_check_hostname"}
@@ -39,6 +52,22 @@ class ReplyError(Exception):
 
 class ProtocolError(Exception):
     """A reply this client cannot read."""
+
+
+class NoPrimary(OSError):
+    """No sentinel named a primary that answers as one (a failover may be in progress)."""
+
+
+# Error replies a failover causes: the address is no longer (or not yet) a writable primary.
+_FAILOVER_REPLIES = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN")
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether finding the primary again and retrying may help: the transport failed, or the
+    server answered as a replica (or one still loading) would."""
+    if isinstance(exc, ReplyError):
+        return str(exc).startswith(_FAILOVER_REPLIES)
+    return isinstance(exc, (OSError, ProtocolError))
 
 
 @dataclass(frozen=True)
@@ -179,8 +208,64 @@ class Connection:
 
 
 def connect(url: str, timeout_s: float) -> Connection:
-    """A connection to the Redis at `url` (`timeout_s` for connecting and for each reply)."""
+    """A connection to the Redis at `url` (`timeout_s` for connecting and for each reply); for
+    a sentinel URL, to the primary its sentinels name."""
+    if is_sentinel(url):
+        try:
+            parsed = parse_sentinel_url(url)
+        except ValueError as exc:  # malformed: the settings' validation reports it
+            raise Unsupported(str(exc)) from None
+        return connect_primary(parsed, timeout_s)
     return Connection(parse_url(url), timeout_s)
+
+
+def connect_primary(url: SentinelURL, timeout_s: float) -> Connection:
+    """The primary of `url.service`, as the first sentinel that answers names it; NoPrimary
+    when none does, or when the address it names does not answer as the primary."""
+    problems = []
+    for host, port in url.sentinels:
+        try:
+            with Connection(_address(url, host, port, sentinel=True), timeout_s) as sentinel:
+                named = sentinel.call("SENTINEL", "get-master-addr-by-name", url.service)
+        except (OSError, ReplyError, ProtocolError) as exc:
+            problems.append(f"sentinel {host}:{port}: {type(exc).__name__}: {exc}")
+            continue
+        if not named:
+            problems.append(f"sentinel {host}:{port} knows no service {url.service!r}")
+            continue
+        primary = Connection(_address(url, named[0], int(named[1])), timeout_s)
+        try:
+            _check_primary(primary, f"{named[0]}:{named[1]}")
+        except BaseException:
+            primary.close()
+            raise
+        return primary
+    raise NoPrimary("no primary for " + url.service + ": " + "; ".join(problems))
+
+
+def _address(url: SentinelURL, host: str, port: int, *, sentinel: bool = False) -> Address:
+    """A sentinel's address (no credentials, no db) or the primary's, TLS as the URL says."""
+    tls = {}
+    if url.tls:
+        options = dict(url.tls_options)
+        tls = {"tls": True, "cert_reqs": url.cert_reqs, "ca_certs": options.get("ssl_ca_certs"),
+               "certfile": options.get("ssl_certfile"), "keyfile": options.get("ssl_keyfile"),
+               "check_hostname": url.check_hostname}
+    if sentinel:
+        return Address(host=host, port=port, **tls)
+    return Address(host=host, port=port, db=url.db, username=url.username,
+                   password=url.password, **tls)
+
+
+def _check_primary(conn: Connection, where: str) -> None:
+    try:
+        role = conn.call("ROLE")
+    except ReplyError as exc:
+        if str(exc).startswith("NOPERM"):
+            return  # an ACL user without ROLE: a write to a replica answers READONLY
+        raise
+    if not role or role[0] != "master":
+        raise NoPrimary(f"{where} answers as {role[0] if role else 'nothing'}, not the primary")
 
 
 def _open(address: Address, timeout_s: float) -> socket.socket:

@@ -24,6 +24,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout.agreement import CONFIDENT_MARGIN
+from rollout.redis_conn import Acknowledgement, acknowledgement_for, check_url
 
 DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment", "health")
 Recipe = Literal[
@@ -54,7 +55,10 @@ class StateSettings(BaseSettings):
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "CANARY_REDIS_URL", "redis_url"),
         description="Redis with the rollout state, audit log and change channel (`redis://`, "
-        "`rediss://` or `unix://`; user and password in the URL)",
+        "`rediss://` or `unix://`; user and password in the URL), or Redis Sentinel: "
+        "`redis+sentinel://[user:password@]host:port[,host:port...]/<service>/<db>` "
+        "(`rediss+sentinel://` for TLS; [Redis with failover](production.md#redis-with-"
+        "failover-sentinel))",
     )
     control_redis_url: str | None = Field(
         None,
@@ -74,6 +78,21 @@ class StateSettings(BaseSettings):
     )
     redis_timeout_s: float = Field(
         2.0, gt=0, le=30, description="connect and command timeout towards Redis"
+    )
+    redis_wait_replicas: int | None = Field(
+        None, ge=0, le=16, description="replicas that must acknowledge (`WAIT`) a share change, "
+        "kill, unkill, audit entry or ramp write before it is reported done; fewer in time is "
+        "an error (the change is in effect but may not survive a failover); none: 1 with a "
+        "Sentinel URL, 0 (no `WAIT`) with one Redis"
+    )
+    redis_wait_timeout_ms: int = Field(
+        1000, ge=1, le=60_000, description="how long a write waits for its replicas' "
+        "acknowledgement (`CANARY_REDIS_WAIT_REPLICAS`)"
+    )
+    kill_retry_s: float = Field(
+        30.0, ge=0, le=600, description="with a Sentinel URL: how long `rollout kill` keeps "
+        "retrying (finding the new primary) while Redis fails over, counted from the command's "
+        "start; 0: one attempt. One Redis: no retry"
     )
     state_poll_s: float = Field(
         1.0, gt=0, le=60, description="fallback poll of the rollout state"
@@ -97,17 +116,18 @@ class StateSettings(BaseSettings):
     @field_validator("redis_url", "control_redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not re.match(r"^(redis|rediss|unix)://", value):
-            raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
-        return value
+        return value if value is None else check_url(value)
 
     @model_validator(mode="after")
     def _staleness_after_poll(self):
         if self.state_staleness_s <= self.state_poll_s:
             raise ValueError("state_staleness_s must be longer than state_poll_s")
         return self
+
+    def acknowledgement(self) -> Acknowledgement:
+        """The replica acknowledgement durable writes wait for (rollout.redis_conn)."""
+        return acknowledgement_for(self.redis_url, self.redis_wait_replicas,
+                                   self.redis_wait_timeout_ms)
 
     def control_settings(self) -> Self:
         """These settings with the control connection as `redis_url`: what in-app components

@@ -24,11 +24,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-import redis
-
 from rollout.clock import Clock, SystemClock
 from rollout.errors import RolloutError
 from rollout.events import event_from_audit, store_event
+from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
 from rollout.redis_store import call_redis
 from rollout.store import StateStore
@@ -48,9 +47,7 @@ class RedisLedger:
     def __init__(self, url: str, app: str, *, timeout_s: float = 2.0,
                  claim_ttl_s: float = CLAIM_TTL_S):
         self.url, self.keys, self.claim_ttl_ms = url, Keys(app), int(claim_ttl_s * 1000)
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                            socket_connect_timeout=timeout_s,
-                                            decode_responses=True)
+        self._client = open_client(url, timeout_s=timeout_s)
 
     def _key(self, event_id: str, url: str) -> str:
         digest = hashlib.sha256(f"{event_id}\n{url}".encode()).hexdigest()[:32]

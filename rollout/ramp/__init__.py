@@ -23,4 +23,4 @@ def open_ramp_store(settings) -> RampStore:
     from rollout.ramp.redis_store import RedisRampStore
 
     return RedisRampStore(settings.redis_url, settings.app_name,
-                          timeout_s=settings.redis_timeout_s)
+                          timeout_s=settings.redis_timeout_s, ack=settings.acknowledgement())

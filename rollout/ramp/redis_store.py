@@ -11,17 +11,20 @@ Keys, under the application's namespace (`rollout:<app>:`):
 Ramp writes and audited evaluations also append to the `audit` stream, in the same script, with
 the current rollout state as before and after (the state itself is never written here). The
 stream is never trimmed: ramp entries are bounded where they are made (rollout.ramp.audit).
+
+Connected through rollout.redis_conn; ramp writes and audited records wait for the replicas the
+settings require (`WAIT`), as the state store's changes do. The lease and the last evaluation
+alone do not (a failover at worst hands the lease over early or shows an older evaluation).
 """
 
 from __future__ import annotations
 
 import json
 
-import redis
-
 from rollout.errors import LeaseLost, RevisionConflict
 from rollout.ramp.machine import Ramp
 from rollout.ramp.store import RampStore, check_next
+from rollout.redis_conn import Acknowledgement, durable_script, open_client
 from rollout.redis_layout import NOTE
 from rollout.redis_store import call_redis
 from rollout.state import RolloutState
@@ -74,16 +77,15 @@ return 0
 
 
 class RedisRampStore(RampStore):
-    def __init__(self, url: str, app: str, *, timeout_s: float = 2.0):
+    def __init__(self, url: str, app: str, *, timeout_s: float = 2.0,
+                 ack: Acknowledgement | None = None):
         self.url, self.app = url, app
+        self.ack = ack or Acknowledgement()  # ramp writes and audited records wait for replicas
         prefix = f"rollout:{app}:"
         self.ramp_key, self.lease_key = prefix + "ramp", prefix + "ramp:lease"
         self.last_key, self.state_key, self.audit_key = (
             prefix + "ramp:last", prefix + "state", prefix + "audit")
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            health_check_interval=30, decode_responses=True,
-        )
+        self._client = open_client(url, timeout_s=timeout_s, health_check_interval=30)
         self._put = self._client.register_script(_PUT)
         self._record = self._client.register_script(_RECORD)
         self._acquire = self._client.register_script(_ACQUIRE)
@@ -100,12 +102,13 @@ class RedisRampStore(RampStore):
             evaluation=False):
         expected = check_next(before, after)
         last = _last(detail or {}, after.updated_at, action, reason) if evaluation else ""
-        ok, current = self._call(
-            self._put,
+        ok, current = durable_script(
+            self._client, self._call, self.ack, self._put,
             keys=[self.ramp_key, self.lease_key, self.state_key, self.audit_key, self.last_key],
             args=[expected, after.revision, after.model_dump_json(), owner or "",
                   repr(after.updated_at), actor, action, reason, _default_state(),
                   _json(detail), last],
+            what=f"ramp revision {after.revision} ({action})",
         )
         if ok == -1:
             raise LeaseLost(f"the ramp lease is not held by {owner}")
@@ -118,10 +121,11 @@ class RedisRampStore(RampStore):
         if not audit:
             self._call(self._client.set, self.last_key, last)
             return
-        self._call(
-            self._record, keys=[self.state_key, self.audit_key, self.last_key],
-            args=[repr(ts), actor, action, reason, _default_state(), _json(detail),
-                  last],
+        durable_script(
+            self._client, self._call, self.ack, self._record,
+            keys=[self.state_key, self.audit_key, self.last_key],
+            args=[repr(ts), actor, action, reason, _default_state(), _json(detail), last],
+            what=f"the ramp's audit entry {action!r}",
         )
 
     def last_evaluation(self):
