@@ -40,7 +40,9 @@ from pydantic import BaseModel, Field
 
 from rollout.clock import Clock, SystemClock
 from rollout.errors import RolloutError
+from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
+from rollout.redis_store import call_redis
 from rollout.settings import Settings
 from serve.errors import GatewayError
 
@@ -143,32 +145,28 @@ class RedisTargetBook:
     once no replica is left to refresh it. Redis trouble raises RolloutError."""
 
     def __init__(self, url: str, app: str, *, timeout_s: float = 2.0, key_ttl_s: float = 60.0):
-        import redis
-
-        from rollout.redis_store import call_redis
-
         self.url, self.key, self.key_ttl_s = url, Keys(app).metrics_targets, max(int(key_ttl_s), 1)
-        self._call = call_redis
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                            socket_connect_timeout=timeout_s,
-                                            decode_responses=True)
+        self._client = open_client(url, timeout_s=timeout_s)  # one Redis, or Sentinel's primary
+
+    def _call(self, fn, *args):
+        return call_redis(self.url, fn, *args)
 
     def put(self, target: Target) -> None:
         pipe = self._client.pipeline(transaction=False)
         pipe.hset(self.key, target.replica, target.to_json())
         pipe.expire(self.key, self.key_ttl_s)
-        self._call(self.url, pipe.execute)
+        self._call(pipe.execute)
 
     def remove(self, replica: str) -> None:
-        self._call(self.url, self._client.hdel, self.key, replica)
+        self._call(self._client.hdel, self.key, replica)
 
     def entries(self) -> dict[str, str]:
-        return self._call(self.url, self._client.hgetall, self.key)
+        return self._call(self._client.hgetall, self.key)
 
     def prune(self, replicas: Iterable[str]) -> None:
         replicas = list(replicas)
         if replicas:
-            self._call(self.url, self._client.hdel, self.key, *replicas)
+            self._call(self._client.hdel, self.key, *replicas)
 
     def close(self) -> None:
         self._client.close()
