@@ -16,6 +16,10 @@ command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null 2>&1; then
   missing="$missing chromium"
 fi
+# `ip netns` for the two-node test's worker node (tests/cluster.py); no service
+if [ "${1:-}" = "--tests" ] && ! command -v ip >/dev/null 2>&1; then
+  missing="$missing iproute2"
+fi
 if [ -n "$missing" ]; then
   echo "setup: installing$missing (Debian packages)" >&2
   sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
