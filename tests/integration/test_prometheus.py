@@ -126,7 +126,7 @@ def _rfc3339(stamp: str) -> float:
 
 @pytest.fixture(scope="module")
 def two_gateways(gateway):
-    """The session's app with two gateway replicas (the next `gw` fixture redeploys one)."""
+    """The session's app with two gateway replicas (one again afterwards)."""
     from ray import serve
 
     from serve.config import build
@@ -139,7 +139,8 @@ def two_gateways(gateway):
     print(f"\nscaled to two gateway replicas in {time.monotonic() - started:.1f} s")
     gateway.overrides = {"gateway_replicas": 2}  # marks the app as changed for `gw`
     yield gateway
-    gateway.redeploy({})
+    if gateway.overrides:  # not yet back to one replica (a test failed before it did)
+        gateway.redeploy({})
 
 
 @pytest.fixture
@@ -215,6 +216,20 @@ def test_prometheus_sums_per_arm_across_two_gateway_replicas(two_gateways, prome
     # one replica's /metrics through the proxy still answers (the single-replica way)
     single = gw.client.get("/metrics")
     assert single.status_code == 200 and "canary_requests_total" in single.text
+
+
+def test_a_replica_that_serve_shuts_down_unregisters(two_gateways):
+    """Redeployed with one gateway replica (Serve replaces both): the replicas it stops remove
+    their entries in `__del__`, not after CANARY_METRICS_TARGET_TTL_S (30 s; the wait below is
+    shorter), and the new one registers."""
+    gw = two_gateways
+    discovered(gw, 2)
+    started = time.monotonic()
+    gw.redeploy({})
+    [left] = discovered(gw, 1, timeout=10.0)
+    print(f"\nredeployed with one gateway replica; one target listed after "
+          f"{time.monotonic() - started:.1f} s: {left}")
+    assert gw.client.get(f"http://{left['targets'][0]}/metrics").status_code == 200
 
 
 def test_registrations_in_redis_with_the_gateway_user(gateway):
