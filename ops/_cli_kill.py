@@ -83,8 +83,9 @@ def kill(ctx: ChangeContext) -> int:
         try:
             ctx.change(lambda: ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason), report)
             return 0
-        except StoreUnavailable:
-            if deadline is None or time.monotonic() + RETRY_PAUSE_S >= deadline:
+        except StoreUnavailable as exc:
+            if deadline is None or not getattr(exc, "transient", True) or (
+                    time.monotonic() + RETRY_PAUSE_S >= deadline):
                 raise
             time.sleep(RETRY_PAUSE_S)
 

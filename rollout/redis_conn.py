@@ -266,17 +266,24 @@ def acknowledgement_for(url: str, replicas: int | None, timeout_ms: int) -> Ackn
 
 
 def durable_script(client, call: Callable, ack: Acknowledgement, script, keys: list,
-                   args: list, what: str):
+                   args: list, what: str, wrote: Callable[[object], bool] = lambda _: True):
     """Run a write script (redis-py's registered `script`), acknowledged by `ack`: with no
     replicas required, as before (EVALSHA); else EVAL and WAIT pipelined on one connection
     (WAIT counts the replicas that have this connection's writes). `call` runs a Redis call,
     mapping its errors (rollout.redis_store.call_redis bound to the URL). The script's reply;
-    NotAcknowledged when too few replicas have `what`."""
+    NotAcknowledged when the script wrote (`wrote(reply)`: a refused compare-and-set wrote
+    nothing, and its conflict is the answer) and too few replicas have `what`."""
     if not ack.replicas:
         return call(script, keys=keys, args=args)
     pipe = client.pipeline(transaction=False)
     pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
     pipe.execute_command("WAIT", ack.replicas, ack.timeout_ms)
     reply, count = call(pipe.execute)
-    ack.check(int(count), what)
+    if wrote(reply):
+        ack.check(int(count), what)
     return reply
+
+
+def wrote_first(reply) -> bool:
+    """For scripts answering {1, ...} when they wrote, {0 or -1, ...} when they refused."""
+    return bool(reply) and reply[0] == 1

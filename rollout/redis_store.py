@@ -17,7 +17,13 @@ import json
 import redis
 
 from rollout.errors import PermissionDenied, RevisionConflict, RevisionNotFound, StoreUnavailable
-from rollout.redis_conn import Acknowledgement, durable_script, open_client, redact_url
+from rollout.redis_conn import (
+    Acknowledgement,
+    durable_script,
+    open_client,
+    redact_url,
+    wrote_first,
+)
 from rollout.redis_layout import CAS, NOTE, Keys
 from rollout.state import AuditEntry, DeploymentReport, RolloutState
 from rollout.store import StateStore, Subscription, check_successor
@@ -28,7 +34,10 @@ _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationE
 
 def _unavailable(exc: Exception, url: str) -> StoreUnavailable:
     safe = redact_url(url)
-    return StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
+    error = StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
+    # a refused password stays refused: the kill does not retry it across a failover
+    error.transient = not isinstance(exc, redis.AuthenticationError)
+    return error
 
 
 def call_redis(url: str, fn, *args, **kwargs):
@@ -118,7 +127,7 @@ class RedisStateStore(StateStore):
                 before.revision, after.revision, after.model_dump_json(), repr(after.updated_at),
                 actor, action, reason, before_json, self.channel,
             ],
-            what=f"revision {after.revision} ({action})",
+            what=f"revision {after.revision} ({action})", wrote=wrote_first,
         )
         if not ok:
             raise RevisionConflict(before.revision, int(current))

@@ -24,7 +24,7 @@ import json
 from rollout.errors import LeaseLost, RevisionConflict
 from rollout.ramp.machine import Ramp
 from rollout.ramp.store import RampStore, check_next
-from rollout.redis_conn import Acknowledgement, durable_script, open_client
+from rollout.redis_conn import Acknowledgement, durable_script, open_client, wrote_first
 from rollout.redis_layout import NOTE
 from rollout.redis_store import call_redis
 from rollout.state import RolloutState
@@ -108,7 +108,7 @@ class RedisRampStore(RampStore):
             args=[expected, after.revision, after.model_dump_json(), owner or "",
                   repr(after.updated_at), actor, action, reason, _default_state(),
                   _json(detail), last],
-            what=f"ramp revision {after.revision} ({action})",
+            what=f"ramp revision {after.revision} ({action})", wrote=wrote_first,
         )
         if ok == -1:
             raise LeaseLost(f"the ramp lease is not held by {owner}")

@@ -30,8 +30,10 @@ from rollout.redis_conn import (
     open_client,
     parse_sentinel_url,
     redact_url,
+    wrote_first,
 )
 from rollout.resp import NoPrimary, ReplyError, connect, retryable
+from serve.dashboard.errors import dashboard_error
 
 SECRET = "p4ss/w@rd?"
 
@@ -209,6 +211,18 @@ def test_too_few_replicas_is_not_acknowledged_with_a_clear_message():
     code, line, _ = exit_for(raised.value)
     assert code == 1 and line == f"error: {message}"
     assert answer_for(NotAcknowledged).http_status == 503
+    answered = dashboard_error(raised.value, message)  # the dashboard's action error
+    assert answered.status == 503 and str(answered) == message
+
+
+def test_a_refused_compare_and_set_is_a_conflict_not_an_unacknowledged_write():
+    client = FakeClient([[0, 9], 0])  # the script wrote nothing; no replica needed to ack
+    reply = durable_script(client, _call, Acknowledgement(1, 250), FakeScript(), ["k"], [],
+                           "revision 7 (canary)", wrote=wrote_first)
+    assert reply == [0, 9]
+    with pytest.raises(NotAcknowledged):
+        durable_script(FakeClient([[1, 7], 0]), _call, Acknowledgement(1, 250), FakeScript(),
+                       ["k"], [], "revision 7 (canary)", wrote=wrote_first)
 
 
 # --- the kill fast path ---------------------------------------------------------------------
