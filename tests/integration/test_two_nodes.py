@@ -40,6 +40,7 @@ CPUS_PER_NODE = 2  # logical CPUs per node: every replica fits on either node al
 REQUEST_TIMEOUT_S = 5  # the gateway's deadline per request (the config says 10)
 CLIENT_TIMEOUT_S = 15  # the test's: an answer later than this is a hang
 RESTORE_BOUND_S = 90  # node declared dead (~15 s of missed health checks) + replicas restarted
+LOSS_CLIENTS = 4  # clients sending to the head's ingress while the worker node is lost
 
 
 def scaled_down(raw: dict, http_port: int) -> dict:
@@ -374,10 +375,10 @@ def test_throughput_through_both_ingresses_against_the_guide(two_nodes):
 
 
 def test_worker_node_lost_under_traffic(two_nodes):
-    """SIGKILL to the worker node (its raylet and every process in its namespace) while four
-    clients send to the head's ingress: every request is answered within the client timeout
-    (200, or an explicit 503 / 504), and Serve brings the app back to RUNNING with every
-    replica on the head node."""
+    """SIGKILL to the worker node (its raylet and every process in its namespace) while
+    LOSS_CLIENTS clients send to the head's ingress: every request is answered within the
+    client timeout (200, or an explicit 503 / 504), and Serve brings the app back to RUNNING
+    with every replica on the head node."""
     lost = threading.Event()
     done = threading.Event()
     outcomes: Counter = Counter()
@@ -398,7 +399,7 @@ def test_worker_node_lost_under_traffic(two_nodes):
                 outcomes[("after" if lost.is_set() else "before", status)] += 1
                 time.sleep(0.02)
 
-    clients = [threading.Thread(target=traffic, args=(n,)) for n in range(4)]
+    clients = [threading.Thread(target=traffic, args=(n,)) for n in range(LOSS_CLIENTS)]
     for thread in clients:
         thread.start()
     try:
@@ -433,11 +434,12 @@ def test_worker_node_lost_under_traffic(two_nodes):
     hung = {status: n for status, n in after.items() if str(status).endswith("Timeout")}
     assert not hung, f"requests hung (no answer within {CLIENT_TIMEOUT_S} s): {hung}"
     # While the node goes, HAProxy may close a kept-alive connection without an answer (httpx:
-    # RemoteProtocolError); a client retries it, with an Idempotency-Key where it matters.
-    # Anything else is an answer: 200, or the gateway's explicit 503 / 504.
+    # RemoteProtocolError; 2 in each of the first runs): a client retries it, with an
+    # Idempotency-Key where it matters. At most twice per client (the node's replicas going,
+    # then coming back); anything else is an answer: 200, or the gateway's explicit 503 / 504.
     dropped = after.pop("RemoteProtocolError", 0)
     assert set(after) <= {200, 503, 504}, f"a request failed otherwise: {after}"
-    assert dropped <= 0.01 * sum(after.values()), f"{dropped} connections closed unanswered"
+    assert dropped <= 2 * LOSS_CLIENTS, f"{dropped} connections closed unanswered"
     assert after.get(200, 0) > 0
     arms = {two_nodes.predict("head", f"user-{i}").json()["arm"] for i in range(40)}
     assert arms == {"baseline", "optimized"}, "both arms answer again at 50 %"
