@@ -11,9 +11,11 @@
   Sentinel promotes a replica (the failover window is printed);
 - a gateway's state watcher (rollout.watcher, in-process: a Ray Serve app would double the
   file's time) routes through the failover: never an error, the optimized arm only when the
-  state it holds allows it, and the kill reaches it.
+  state it holds allows it, and the kill reaches it;
+- TLS (`rediss+sentinel://`): a TLS-only primary, replica and sentinel, through the store, the
+  fast kill and `rollout status`.
 
-The failover is tuned short (down-after 1 s, failover-timeout 3 s); the file takes ~20 s.
+The failover is tuned short (down-after 1 s, failover-timeout 3 s); the file takes ~25 s.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from rollout.redis_telemetry import RedisTelemetry
 from serve.ray_env import free_port
 from tests.integration.test_cli_redis import ROLLOUT, one_error_line
 from tests.integration.test_kill_redis import HEAVY, run
+from tests.servers import _make_certs
 from tests.store_contract import StoreContract
 
 pytestmark = pytest.mark.integration
@@ -55,11 +58,21 @@ FAILOVER_TIMEOUT_MS = 3000
 class Node:
     """One redis-server process (a data node or a sentinel) on 127.0.0.1."""
 
-    def __init__(self, where: Path, name: str):
+    def __init__(self, where: Path, name: str, tls: Path | None = None):
         self.port = free_port()
         self.dir = where / name
         self.dir.mkdir()
+        self.tls = tls  # the folder of the CA and server certificate: TLS only
         self.proc: subprocess.Popen | None = None
+
+    def listen(self) -> list[str]:
+        """redis-server options: where to listen (TLS only, when the group speaks TLS)."""
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return ["--port", "0", "--tls-port", str(self.port), "--tls-replication", "yes",
+                "--tls-cert-file", str(self.tls / "server.crt"),
+                "--tls-key-file", str(self.tls / "server.key"),
+                "--tls-ca-cert-file", str(self.tls / "ca.crt"), "--tls-auth-clients", "no"]
 
     def start(self, *args: str) -> Node:
         binary = shutil.which("redis-server")
@@ -75,40 +88,51 @@ class Node:
             self.proc.wait(10)
 
     def client(self, password: str | None = PASSWORD) -> redis.Redis:
+        tls = {} if self.tls is None else {"ssl": True,
+                                           "ssl_ca_certs": str(self.tls / "ca.crt")}
         return redis.Redis(port=self.port, password=password, decode_responses=True,
-                           socket_timeout=2, socket_connect_timeout=2)
+                           socket_timeout=2, socket_connect_timeout=2, **tls)
 
 
 class SentinelGroup:
     """A primary, replicas and sentinels monitoring them as `canary` (quorum 2)."""
 
-    def __init__(self, replicas: int = 2, sentinels: int = 3):
+    def __init__(self, replicas: int = 2, sentinels: int = 3, *, tls: bool = False):
         self.where = Path(tempfile.mkdtemp(prefix="canary-sentinel-"))
-        self.data = [Node(self.where, f"redis{i}") for i in range(1 + replicas)]
-        self.sentinels = [Node(self.where, f"sentinel{i}") for i in range(sentinels)]
+        self.tls = self.where if tls else None
+        if tls:
+            _make_certs(self.where)
+        self.data = [Node(self.where, f"redis{i}", self.tls) for i in range(1 + replicas)]
+        self.sentinels = [Node(self.where, f"sentinel{i}", self.tls) for i in range(sentinels)]
         self.dead_sentinel_port = free_port()  # listed first in the URL, never started
 
-    def url(self, scheme: str = "redis+sentinel", password: str = PASSWORD) -> str:
+    def url(self, password: str = PASSWORD) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in
                          [self.dead_sentinel_port, *(s.port for s in self.sentinels)])
-        return f"{scheme}://:{password}@{hosts}/{SERVICE}/0"
+        if self.tls is None:
+            return f"redis+sentinel://:{password}@{hosts}/{SERVICE}/0"
+        return (f"rediss+sentinel://:{password}@{hosts}/{SERVICE}/0"
+                f"?ssl_ca_certs={self.tls / 'ca.crt'}&ssl_cert_reqs=required")
 
     def start(self) -> SentinelGroup:
         primary = self.data[0]
         common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                   "--requirepass", PASSWORD, "--masterauth", PASSWORD]
-        primary.start("--port", str(primary.port), *common)
+        primary.start(*primary.listen(), *common)
         for node in self.data[1:]:
-            node.start("--port", str(node.port), *common,
-                       "--replicaof", "127.0.0.1", str(primary.port))
+            node.start(*node.listen(), *common, "--replicaof", "127.0.0.1", str(primary.port))
         # sentinels read the replicas from the primary's INFO (every 10 s once started): start
         # them once the replicas are attached, so that the first INFO lists them
         self.wait_until(lambda: self._replicas_attached(), 30, "the replicas never synced")
         for node in self.sentinels:
             conf = node.dir / "sentinel.conf"
+            listen = node.listen()
             conf.write_text(
-                f"port {node.port}\nbind 127.0.0.1\ndir {node.dir}\n"
-                f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} 2\n"
+                "".join(f"{name[2:]} {value}\n" for name, value in zip(
+                    listen[::2], listen[1::2], strict=True))
+                + f"bind 127.0.0.1\ndir {node.dir}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} "
+                f"{len(self.sentinels) // 2 + 1}\n"
                 f"sentinel auth-pass {SERVICE} {PASSWORD}\n"
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
@@ -184,6 +208,14 @@ def group():
     started = time.monotonic()
     group = SentinelGroup().start()
     print(f"\nsentinel group up in {time.monotonic() - started:.1f} s")
+    yield group
+    group.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tls_group():
+    """TLS only: a primary, one replica and one sentinel (quorum 1), no failover."""
+    group = SentinelGroup(replicas=1, sentinels=1, tls=True).start()
     yield group
     group.cleanup()
 
@@ -306,6 +338,24 @@ def test_a_wrong_password_is_refused_through_sentinel_without_echoing_it(group):
     assert time.monotonic() - started < 25  # not retried for the kill's 30 s budget
     line = one_error_line(result)
     assert "wrong-secret" not in line and "***" in line, line
+
+
+def test_tls_through_sentinel_for_the_stores_and_the_fast_kill(tls_group):
+    app, url = new_app(), tls_group.url()
+    assert url.startswith("rediss+sentinel://") and "ssl_ca_certs=" in url
+    states = RedisStateStore(url, app, timeout_s=5.0, ack=Acknowledgement(1, 2000))
+    try:
+        Rollout(states).set_canary(500, actor="alice", reason="over TLS")
+        killed, modules = run(url, "kill", "--reason", "tls", app=app)
+        assert killed.returncode == 0, killed.stderr
+        assert killed.stdout.startswith("kill switch off -> on") and not modules & HEAVY
+        status = cli(url, "--app", app, "status", "--json")
+        assert status.returncode == 0 and '"kill": true' in status.stdout, status
+        replica = tls_group.data[1].client()  # acknowledged: the replica has the kill already
+        assert RolloutState.model_validate_json(replica.hget(states.state_key, "json")).kill
+        replica.close()
+    finally:
+        states.close()
 
 
 # --- the failover ------------------------------------------------------------------------------
