@@ -154,7 +154,8 @@ def watcher(redis_url):
 
     yield start
     for each in watchers:
-        each.stop()
+        # Its poll is 30 s: don't wait for the thread's wait to end; closing the store ends it.
+        each.stop(timeout=0)
         each.store.close()
 
 
