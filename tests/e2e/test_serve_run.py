@@ -26,6 +26,7 @@ BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8000"
 # `auto` measures its candidates on the first start on a machine (serve.autopick): minutes once
 FIRST_START_S = 600
+STOP_S = 20  # Ctrl-C to exit, at most (it takes ~10 s on 2 cores)
 
 
 def _rss_mib(session_leader: int) -> float:
@@ -45,6 +46,13 @@ def _rss_mib(session_leader: int) -> float:
     return total / 1024
 
 
+def _hears_ctrl_c() -> None:
+    """In the child before exec: SIGINT as in a terminal. A test run started in the background
+    (`ops/test.sh &`, a CI runner) inherits SIGINT ignored, and `serve run` would then never
+    hear the Ctrl-C the teardown sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     with httpx.Client() as probe:
@@ -56,6 +64,7 @@ def served(tmp_path_factory):
     redis = RedisServer().start()
     cache = tmp_path_factory.mktemp("cache")  # a new user's: `auto` measures, artifacts are built
     env = dict(os.environ, REDIS_URL=redis.url, PATH=f"{BIN}:{os.environ['PATH']}",
+               PYTHONFAULTHANDLER="1",
                CANARY_AUTO_CHOICE_DIR=str(cache / "auto"), CANARY_ONNX_DIR=str(cache / "onnx"))
     ray_env.apply(env, throwaway=True)  # what ops/run.sh exports before `serve run`
     log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
@@ -63,6 +72,7 @@ def served(tmp_path_factory):
     proc = subprocess.Popen(
         [str(BIN / "serve"), "run", "serve.config:app"], cwd=ROOT, env=env,
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=_hears_ctrl_c,
     )
     client = httpx.Client(base_url=URL, timeout=30)
     try:
@@ -83,12 +93,20 @@ def served(tmp_path_factory):
         yield client, env
     finally:
         client.close()
-        os.killpg(proc.pid, signal.SIGINT)
+        stopping = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         try:
-            proc.wait(60)
+            proc.wait(STOP_S)
+            print(f"\n[e2e] Ctrl-C to exit: {time.monotonic() - stopping:.1f} s")
         except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)  # PYTHONFAULTHANDLER: where it hangs, in the log
+            time.sleep(1)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+            print(f"\n[e2e] serve run still running {STOP_S} s after Ctrl-C, killed; "
+                  f"its stacks are in {log.name}")
+        finally:
+            ray_env.reap_orphaned_haproxies()
         log.close()
         redis.cleanup()
 
