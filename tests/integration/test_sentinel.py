@@ -9,9 +9,9 @@
   kill` issued right after it: every change that was acknowledged is on the new primary, with
   its audit entry; a compare-and-set on a stale revision is still refused; the kill lands once
   Sentinel promotes a replica (the failover window is printed);
-- a gateway's state watcher (rollout.watcher, in-process; the real Serve app through a failover
-  is tests/integration/test_sentinel_gateway.py) routes through the failover: never an error, the optimized arm only when the
-  state it holds allows it, and the kill reaches it;
+- a gateway's state watcher (rollout.watcher, in-process; the real Serve app through a
+  failover is tests/integration/test_sentinel_gateway.py) routes through the failover: never
+  an error, the optimized arm only when the state it holds allows it, and the kill reaches it;
 - TLS (`rediss+sentinel://`): a TLS-only primary, replica and sentinel, through the store, the
   fast kill and `rollout status`.
 
