@@ -11,6 +11,9 @@ them as JSON `{"error": {"type", "message", "request_id"}}`:
     │   └── RampNotPossible    409  the ramp does not allow this action now (or there is none)
     ├── ConfirmationRequired   428  a big move (>= 50 points or to 100 %): resend confirmed
     └── ControlUnavailable     503  the state store cannot be reached or may not be changed
+        └── NotAcknowledged    503  written to the Redis primary, but too few replicas
+                                    acknowledged it (`CANARY_REDIS_WAIT_REPLICAS`): in effect,
+                                    not yet safe from a failover
 
 A rollout error (rollout.errors) becomes one of these by its HTTP status in the table the CLI
 shares for its exit codes (rollout.errors.ANSWERS): `dashboard_error`.
@@ -18,12 +21,13 @@ shares for its exit codes (rollout.errors.ANSWERS): `dashboard_error`.
 
 from __future__ import annotations
 
-from rollout.errors import RampNotAllowed, RolloutError, answer_for
+from rollout.errors import NotAcknowledged, RampNotAllowed, RolloutError, answer_for
 from serve.errors import GatewayError, InputTooLarge, InvalidInput
 
 __all__ = [
     "ConfirmationRequired", "Conflict", "ControlUnavailable", "InputTooLarge", "InvalidInput",
-    "NotFound", "RampNotPossible", "ReadOnly", "Unauthorized", "dashboard_error",
+    "NotFound", "RampNotPossible", "ReadOnly", "Unacknowledged", "Unauthorized",
+    "dashboard_error",
 ]
 
 
@@ -55,10 +59,16 @@ class ControlUnavailable(GatewayError):
     status, type, retry_after = 503, "store_unavailable", 1
 
 
+class Unacknowledged(ControlUnavailable):
+    type = "not_acknowledged"
+
+
 _BY_STATUS: dict[int, type[GatewayError]] = {
     422: InvalidInput, 409: Conflict, 503: ControlUnavailable,
 }
-_BY_TYPE: dict[type[RolloutError], type[GatewayError]] = {RampNotAllowed: RampNotPossible}
+_BY_TYPE: dict[type[RolloutError], type[GatewayError]] = {
+    RampNotAllowed: RampNotPossible, NotAcknowledged: Unacknowledged,
+}
 
 
 def dashboard_error(exc: RolloutError, message: str) -> GatewayError | None:

@@ -213,6 +213,7 @@ def test_too_few_replicas_is_not_acknowledged_with_a_clear_message():
     assert answer_for(NotAcknowledged).http_status == 503
     answered = dashboard_error(raised.value, message)  # the dashboard's action error
     assert answered.status == 503 and str(answered) == message
+    assert answered.type == "not_acknowledged"  # not the store being unreachable
 
 
 def test_a_refused_compare_and_set_is_a_conflict_not_an_unacknowledged_write():
