@@ -41,7 +41,7 @@ DEFAULT_SENTINEL_PORT = 26379
 TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
                "ssl_check_hostname")
 _SERVICE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-_FALSE = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool
+FALSE_WORDS = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool (rollout.resp reads it too)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class SentinelURL:
     @property
     def check_hostname(self) -> bool:
         value = dict(self.tls_options).get("ssl_check_hostname")
-        return True if value is None else value.upper() not in _FALSE
+        return True if value is None else value.upper() not in FALSE_WORDS
 
 
 def scheme_of(url: str) -> str:

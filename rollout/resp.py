@@ -35,11 +35,10 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlparse
 
-from rollout.redis_conn import SentinelURL, is_sentinel, parse_sentinel_url
+from rollout.redis_conn import FALSE_WORDS, SentinelURL, is_sentinel, parse_sentinel_url
 
 _OPTIONS = {"db", "username", "password", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
             "ssl_keyfile", "ssl_check_hostname"}
-_FALSE = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool
 
 
 class Unsupported(ValueError):
@@ -134,7 +133,7 @@ def _tls(query: dict[str, str]) -> dict:
     check = query.get("ssl_check_hostname")
     return {"tls": True, "cert_reqs": reqs, "ca_certs": query.get("ssl_ca_certs"),
             "certfile": query.get("ssl_certfile"), "keyfile": query.get("ssl_keyfile"),
-            "check_hostname": True if check is None else check.upper() not in _FALSE}
+            "check_hostname": True if check is None else check.upper() not in FALSE_WORDS}
 
 
 class Connection:
@@ -245,12 +244,7 @@ def connect_primary(url: SentinelURL, timeout_s: float) -> Connection:
 
 def _address(url: SentinelURL, host: str, port: int, *, sentinel: bool = False) -> Address:
     """A sentinel's address (no credentials, no db) or the primary's, TLS as the URL says."""
-    tls = {}
-    if url.tls:
-        options = dict(url.tls_options)
-        tls = {"tls": True, "cert_reqs": url.cert_reqs, "ca_certs": options.get("ssl_ca_certs"),
-               "certfile": options.get("ssl_certfile"), "keyfile": options.get("ssl_keyfile"),
-               "check_hostname": url.check_hostname}
+    tls = _tls(dict(url.tls_options)) if url.tls else {}  # the options of rediss://
     if sentinel:
         return Address(host=host, port=port, **tls)
     return Address(host=host, port=port, db=url.db, username=url.username,
