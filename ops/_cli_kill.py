@@ -78,16 +78,24 @@ def kill(ctx: ChangeContext) -> int:
         was = "kill switch on (it was already on)" if before.kill else "kill switch off -> on"
         return was + ", all traffic to baseline"
 
-    deadline = _full_path_deadline(ctx)
+    _retrying(lambda: ctx.change(
+        lambda: ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason), report),
+        _full_path_deadline(ctx),
+        lambda exc: isinstance(exc, StoreUnavailable) and exc.transient)
+    return 0
+
+
+def _retrying(attempt, deadline: float | None, retryable):
+    """`attempt()`, tried again RETRY_PAUSE_S later while what it raised is `retryable` and
+    `deadline` (monotonic; None: one try) leaves room for another try."""
     while True:
         try:
-            ctx.change(lambda: ctx.rollout.kill(actor=ctx.actor, reason=ctx.args.reason), report)
-            return 0
-        except StoreUnavailable as exc:
-            if deadline is None or not getattr(exc, "transient", True) or (
+            return attempt()
+        except Exception as exc:
+            if deadline is None or not retryable(exc) or (
                     time.monotonic() + RETRY_PAUSE_S >= deadline):
                 raise
-            time.sleep(RETRY_PAUSE_S)
+        time.sleep(RETRY_PAUSE_S)
 
 
 def _full_path_deadline(ctx: ChangeContext) -> float | None:
@@ -216,18 +224,14 @@ def _run_quick(args, target: Target) -> _QuickContext:
     sentinel = is_sentinel(target.redis_url)
     deadline = _STARTED + target.retry_s if sentinel and args.command == "kill" else None
     ack = acknowledgement_for(target.redis_url, target.wait_replicas, target.wait_timeout_ms)
-    while True:
-        try:
-            with resp.connect(target.redis_url, target.timeout_s) as conn:
-                ctx = _QuickContext(args, QuickSwitch(conn, target.app, ack=ack,
-                                                      ack_until=deadline))
-                _HANDLERS[args.command](ctx)
-            return ctx
-        except Exception as exc:
-            if deadline is None or not resp.retryable(exc) or (
-                    time.monotonic() + RETRY_PAUSE_S >= deadline):
-                raise
-        time.sleep(RETRY_PAUSE_S)
+
+    def attempt() -> _QuickContext:
+        with resp.connect(target.redis_url, target.timeout_s) as conn:
+            ctx = _QuickContext(args, QuickSwitch(conn, target.app, ack=ack, ack_until=deadline))
+            _HANDLERS[args.command](ctx)
+        return ctx
+
+    return _retrying(attempt, deadline, resp.retryable)
 
 
 def quick(argv=None, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None,

@@ -60,7 +60,11 @@ class NotAcknowledged(RolloutError):
 
 
 class StoreUnavailable(RolloutError, ConnectionError):
-    """The state store cannot be reached (connection refused, timeout, auth failure)."""
+    """The state store cannot be reached (connection refused, timeout, auth failure).
+    `transient` is False where trying again cannot help (a refused password): the kill, which
+    retries across a Redis failover, gives up at once on those."""
+
+    transient = True
 
 
 # --- how the edges answer them ----------------------------------------------------------------
