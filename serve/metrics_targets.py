@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from pydantic import BaseModel, Field
@@ -242,8 +242,7 @@ class ReplicaEndpoint:
             if self._closed:
                 return
             now = self.clock.time()
-            self.target = Target(self.target.replica, self.target.address, self.target.labels,
-                                 expires=now + self.ttl_s)
+            self.target = replace(self.target, expires=now + self.ttl_s)
             try:
                 self.book.put(self.target)
                 self.book.prune(lapsed(self.book.entries(), now))
