@@ -30,7 +30,7 @@ DEFAULT_LABELS = ("technology", "sports", "politics", "business", "entertainment
 Recipe = Literal[
     "auto", "fp32", "int8-dynamic", "int8-dynamic-per-channel", "int8-torchao", "fp16",
     "bf16", "compiled", "accuracy-aware", "fp16-graphs", "onnx-int8", "onnx-fp32",
-    "ct2-int8",
+    "ct2-int8", "ov-int8",
 ]
 CONFIG = SettingsConfigDict(env_prefix="CANARY_", extra="forbid", frozen=True)
 
@@ -219,11 +219,12 @@ class ModelSettings(BaseSettings):
         "bf16 where the CPU has native bf16, else fp32"
     )
     onnx_dir: str | None = Field(
-        None, description="where the runtime recipes (`onnx-*`, `ct2-int8`) cache their built "
-        "artifacts, checked by digest on every load; none: `~/.cache/canary-gateway/onnx`"
+        None, description="where the runtime recipes (`onnx-*`, `ct2-int8`, `ov-int8`) cache their "
+        "built artifacts, checked by digest on every load; none: `~/.cache/canary-gateway/onnx`"
     )
     int8_target_agreement: float = Field(
-        0.99, gt=0, le=1, description="top-1 agreement the `onnx-int8` calibration search must "
+        0.99, gt=0, le=1, description="top-1 agreement the `onnx-int8` and `ov-int8` calibration "
+        "searches must "
         "reach on the calibration split, with no confident flip"
     )
 

@@ -4,8 +4,10 @@ Algorithm (`choose`):
 
 1. **Candidates** (`candidates`, pure), in order of preference:
    - CPU: `bf16` where the CPU computes bf16 natively (AVX512-BF16 or AMX) and the setting
-     `hide_native_bf16` is off, then `ct2-int8` (CTranslate2 int8, serve.ct2), `onnx-int8`
-     (ONNX Runtime int8, calibrated, serve.onnxrt), then `onnx-fp32`;
+     `hide_native_bf16` is off, then `ov-int8` (OpenVINO int8 by NNCF, calibrated,
+     serve.ovint8), `ct2-int8` (CTranslate2 int8, serve.ct2), then `onnx-fp32`. `onnx-int8`
+     (ONNX Runtime int8, serve.onnxrt) is a recipe to pin, not a candidate: it was the slowest
+     int8 runtime on both CPUs measured (docs/recipes.md) and the slowest to build;
    - CUDA: `fp16`, `bf16` where the GPU supports it, `fp16-graphs`. fp8 (Hopper, capability
      8.9 and up) is not a candidate yet: no fp8 recipe exists.
 2. **Measure** each against the fp32 baseline on the regression set's calibration split
@@ -21,13 +23,14 @@ Algorithm (`choose`):
 4. **Cache.** The choice, with the evidence of every candidate, is one JSON file named by a key
    that hashes everything that could change it: the format, the weights, the hardware (CPU:
    the CPU_FLAGS that /proc/cpuinfo lists, native bf16 and `hide_native_bf16`; CUDA: the
-   device's name, capability and bf16 support), the versions of torch, transformers and
-   onnxruntime, the regression set, the settings that change answers (ANSWER_SETTINGS) and the
-   gate's thresholds. A file is written atomically (temporary file + replace). A file that
-   cannot be read, is not a choice of this FORMAT, names another key, or names a recipe that
-   is neither a candidate here nor the fallback is ignored and the choice measured again:
-   a cached choice is never trusted beyond its key. Replicas starting together on one host
-   measure once: a lock file serializes them, and the later ones find the stored choice.
+   device's name, capability and bf16 support), the versions of torch, transformers and the
+   runtimes (onnxruntime, ctranslate2, openvino, nncf), the regression set, the settings that
+   change answers (ANSWER_SETTINGS) and the gate's thresholds. A file is written atomically
+   (temporary file + replace). A file that cannot be read, is not a choice of this FORMAT,
+   names another key, or names a recipe that is neither a candidate here nor the fallback is
+   ignored and the choice measured again: a cached choice is never trusted beyond its key.
+   Replicas starting together on one host measure once: a lock file serializes them, and the
+   later ones find the stored choice.
 
 The recipe's torch thread count is not in the key: `rollout verify` (all cores) and a replica
 (its share) must agree on the choice, or verify would judge another version than is served.
@@ -48,6 +51,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -125,7 +129,7 @@ def candidates(hardware: Hardware, *, hide_native_bf16: bool = False) -> tuple[s
     """The recipes `auto` measures on `hardware`, in order of preference (module docstring)."""
     if hardware.device == "cuda":
         return ("fp16", "bf16", "fp16-graphs") if hardware.bf16 else ("fp16", "fp16-graphs")
-    int8 = ("ct2-int8", "onnx-int8", "onnx-fp32")
+    int8 = ("ov-int8", "ct2-int8", "onnx-fp32")
     return ("bf16", *int8) if hardware.bf16 and not hide_native_bf16 else int8
 
 
@@ -229,10 +233,10 @@ def library_versions() -> dict[str, str | None]:
     import transformers
 
     found = {"torch": torch.__version__, "transformers": transformers.__version__}
-    for runtime in ("onnxruntime", "ctranslate2"):
-        try:
-            found[runtime] = __import__(runtime).__version__
-        except ImportError:
+    for runtime in ("onnxruntime", "ctranslate2", "openvino", "nncf"):
+        try:  # the installed distribution's version: nothing is imported
+            found[runtime] = metadata.version(runtime)
+        except metadata.PackageNotFoundError:
             found[runtime] = None
     return found
 

@@ -39,7 +39,8 @@ from serve.onnxrt import ONNX_RECIPES
 from serve.recipes import apply_recipe
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-RUNTIME_RECIPES = (*ONNX_RECIPES, "ct2-int8")  # CPU inference runtimes with artifacts on disk
+# CPU inference runtimes with artifacts on disk
+RUNTIME_RECIPES = (*ONNX_RECIPES, "ct2-int8", "ov-int8")
 # A merged batch is split into another forward rather than pad more than this many tokens
 # (serve.batching.pack): a CPU forward costs little more than its tokens, a CUDA one is
 # dominated by launches, so it pays to pad much more there.
@@ -305,6 +306,10 @@ class Variant:
                 from serve import ct2
 
                 model, decision = ct2.build(self, self.source, self.weights, say)
+            elif recipe == "ov-int8":
+                from serve import ovint8
+
+                model, decision = ovint8.build(self, self.source, self.weights, say)
             else:
                 from serve.onnxrt.build import build
 

@@ -113,29 +113,36 @@ def _torch_sensitivity(variant, graph: Path, texts: list[str]) -> dict[str, floa
     return {node: sum(layers[name] for name in names) for node, names in mapping.items()}
 
 
-def _judges(variant, texts: list[str], output: str, threads: int) -> dict:
-    """The search's two measures, against the fp32 torch model's rows of the same texts."""
+def judge(variant, texts: list[str]):
+    """`score(model) -> Score`: a candidate model's top-1 agreement with the fp32 torch model on
+    `texts`, and its confident flips (fp32's margin at least `verify_min_margin`)."""
     from rollout.agreement import margins
 
-    reference = variant.rows(texts)
-    step = max(1, len(texts) // SENSITIVITY_SAMPLE)
-    sample = texts[::step]
-    sample_reference = reference[::step]
-    base = [margins(row) for row in variant.scores(reference).tolist()]
+    base = [margins(row) for row in variant.scores(variant.rows(texts)).tolist()]
     min_margin = variant.settings.verify_min_margin
 
-    def rows(path: Path, which: list[str]) -> torch.Tensor:
-        model = OrtModel(path, output=output, threads=threads, size_bytes=0)
-        return variant.rows(which, model=model)
-
-    def error(path: Path) -> float:
-        diff = rows(path, sample) - sample_reference
-        return float(diff.pow(2).sum() / sample_reference.pow(2).sum().clamp(min=1e-12))
-
-    def score(path: Path) -> Score:
-        found = [margins(row)[0] for row in variant.scores(rows(path, texts)).tolist()]
+    def score(model) -> Score:
+        rows = variant.rows(texts, model=model)
+        found = [margins(row)[0] for row in variant.scores(rows).tolist()]
         flips = [b for b, top in zip(base, found, strict=True) if b[0] != top]
         confident = sum(margin >= min_margin for _, margin in flips)
         return Score(1 - len(flips) / len(texts), confident)
 
-    return {"error": error, "score": score}
+    return score
+
+
+def _judges(variant, texts: list[str], output: str, threads: int) -> dict:
+    """The search's two measures, against the fp32 torch model's rows of the same texts."""
+    step = max(1, len(texts) // SENSITIVITY_SAMPLE)
+    sample = texts[::step]
+    sample_reference = variant.rows(sample)
+    agreement = judge(variant, texts)
+
+    def model_at(path: Path) -> OrtModel:
+        return OrtModel(path, output=output, threads=threads, size_bytes=0)
+
+    def error(path: Path) -> float:
+        diff = variant.rows(sample, model=model_at(path)) - sample_reference
+        return float(diff.pow(2).sum() / sample_reference.pow(2).sum().clamp(min=1e-12))
+
+    return {"error": error, "score": lambda path: agreement(model_at(path))}

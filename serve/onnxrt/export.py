@@ -32,8 +32,9 @@ class _Outputs(torch.nn.Module):
         return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask), self.output)
 
 
-def export(source: Path, dest: Path, *, has_head: bool) -> str:
-    """Export the model folder `source` to `dest` (fp32, fused where possible); the output name."""
+def export(source: Path, dest: Path, *, has_head: bool, fuse: bool = True) -> str:
+    """Export the model folder `source` to `dest` (fp32, fused by ORT's optimizer where possible
+    when `fuse`: its fused operators are ORT's own); the output name."""
     from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
     loader = AutoModelForSequenceClassification if has_head else AutoModel
@@ -52,6 +53,9 @@ def export(source: Path, dest: Path, *, has_head: bool) -> str:
                           output_names=[output], dynamic_axes=axes, opset_version=OPSET,
                           dynamo=False)
     config = AutoConfig.from_pretrained(source, local_files_only=True)
+    if not fuse:
+        raw.replace(dest)
+        return output
     try:
         _fuse(raw, dest, config)
     finally:

@@ -82,9 +82,9 @@ def pick(settings, hardware, results, **kw):
 
 
 def test_candidates_per_hardware():
-    assert candidates(AVX2) == ("ct2-int8", "onnx-int8", "onnx-fp32")
-    assert candidates(SAPPHIRE) == ("bf16", "ct2-int8", "onnx-int8", "onnx-fp32")
-    assert candidates(SAPPHIRE, hide_native_bf16=True) == ("ct2-int8", "onnx-int8", "onnx-fp32")
+    assert candidates(AVX2) == ("ov-int8", "ct2-int8", "onnx-fp32")
+    assert candidates(SAPPHIRE) == ("bf16", "ov-int8", "ct2-int8", "onnx-fp32")
+    assert candidates(SAPPHIRE, hide_native_bf16=True) == ("ov-int8", "ct2-int8", "onnx-fp32")
     assert candidates(H100) == ("fp16", "bf16", "fp16-graphs")
     assert candidates(T4) == ("fp16", "fp16-graphs")
 
@@ -104,32 +104,32 @@ def test_cpu_flags_come_from_every_processor_of_cpuinfo(tmp_path):
 
 
 def test_fastest_passing_candidate_wins(settings):
-    choice, stub = pick(settings, AVX2, {"ct2-int8": (True, 1.5), "onnx-int8": (True, 2.31),
+    choice, stub = pick(settings, AVX2, {"ov-int8": (True, 1.5), "ct2-int8": (True, 2.31),
                                         "onnx-fp32": (True, 1.2)})
 
-    assert stub.calls == ["ct2-int8", "onnx-int8", "onnx-fp32"]
-    assert (choice.recipe, choice.fallback) == ("onnx-int8", False)
-    assert [e.recipe for e in choice.evidence] == ["ct2-int8", "onnx-int8", "onnx-fp32"]
-    assert describe(choice) == ("auto → onnx-int8 (measured 2023-11-14: 2.31x, 98.9 % agreement, "
+    assert stub.calls == ["ov-int8", "ct2-int8", "onnx-fp32"]
+    assert (choice.recipe, choice.fallback) == ("ct2-int8", False)
+    assert [e.recipe for e in choice.evidence] == ["ov-int8", "ct2-int8", "onnx-fp32"]
+    assert describe(choice) == ("auto → ct2-int8 (measured 2023-11-14: 2.31x, 98.9 % agreement, "
                                 "0 confident flips; bf16 not native)")
 
 
 def test_a_faster_failing_candidate_loses(settings):
     choice, _ = pick(settings, SAPPHIRE, {
-        "bf16": (True, 1.9), "ct2-int8": (False, 3.0), "onnx-int8": (False, 3.6),
+        "bf16": (True, 1.9), "ov-int8": (False, 3.6), "ct2-int8": (False, 3.0),
         "onnx-fp32": (True, 1.1)})
 
     assert choice.recipe == "bf16" and not choice.fallback
-    assert choice.evidence_for("onnx-int8").passed is False
+    assert choice.evidence_for("ov-int8").passed is False
 
 
 def test_a_near_tie_goes_to_the_preferred_candidate(settings):
     choice, _ = pick(settings, SAPPHIRE, {
-        "bf16": (True, 1.94), "ct2-int8": (True, 1.5), "onnx-int8": (True, 2.0),
+        "bf16": (True, 1.94), "ov-int8": (True, 2.0), "ct2-int8": (True, 1.5),
         "onnx-fp32": (True, 1.1)})
 
     assert choice.recipe == "bf16"
-    assert "within 5% of the fastest (onnx-int8, 2.00x)" in choice.reason
+    assert "within 5% of the fastest (ov-int8, 2.00x)" in choice.reason
 
 
 @pytest.mark.parametrize(("hardware", "fallback"), [(AVX2, "onnx-fp32"), (H100, "fp32")])
@@ -147,24 +147,24 @@ def test_no_passing_candidate_falls_back_to_a_faithful_fp32_runtime(settings, ha
 
 def test_a_candidate_that_raises_is_recorded_not_fatal(settings):
     choice, stub = pick(settings, AVX2, {
+        "ov-int8": ImportError("No module named 'openvino'\n(install it)"),
         "ct2-int8": ValueError("ct2-int8 serves encoders; this model is a sequence classifier"),
-        "onnx-int8": ImportError("No module named 'onnxruntime'\n(install it)"),
         "onnx-fp32": (True, 1.3)})
 
-    assert stub.calls == ["ct2-int8", "onnx-int8", "onnx-fp32"]
+    assert stub.calls == ["ov-int8", "ct2-int8", "onnx-fp32"]
     assert choice.recipe == "onnx-fp32" and not choice.fallback
-    failed = choice.evidence_for("onnx-int8")
+    failed = choice.evidence_for("ov-int8")
     assert failed.passed is False
-    assert failed.error == "ImportError: No module named 'onnxruntime' (install it)"
+    assert failed.error == "ImportError: No module named 'openvino' (install it)"
 
 
 # --- the cache -----------------------------------------------------------------------------------
 
 
 def test_a_cached_choice_is_served_without_measuring(settings):
-    first, stub = pick(settings, AVX2, {"ct2-int8": (True, 2.0), "onnx-int8": (True, 2.3),
+    first, stub = pick(settings, AVX2, {"ct2-int8": (True, 2.0), "ov-int8": (True, 2.3),
                                         "onnx-fp32": (True, 1.2)})
-    again, second = pick(settings, AVX2, {"ct2-int8": (True, 2.0), "onnx-int8": (True, 2.3),
+    again, second = pick(settings, AVX2, {"ct2-int8": (True, 2.0), "ov-int8": (True, 2.3),
                                         "onnx-fp32": (True, 1.2)})
 
     assert len(stub.calls) == 3 and second.calls == []
@@ -193,23 +193,23 @@ def _corrupt(name):
 @pytest.mark.parametrize("corruption", [
     "not json", "other format", "other key", "recipe no candidate here", "unreadable"])
 def test_a_corrupt_or_stale_cached_choice_is_measured_again(settings, corruption):
-    first, _ = pick(settings, AVX2, {"ct2-int8": (True, 2.0), "onnx-int8": (True, 2.3),
+    first, _ = pick(settings, AVX2, {"ct2-int8": (True, 2.0), "ov-int8": (True, 2.3),
                                         "onnx-fp32": (True, 1.2)})
     file = choice_dir(settings) / f"{first.key}.json"
     _corrupt(corruption)(file)
 
     assert cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2) is None
-    again, stub = pick(settings, AVX2, {"ct2-int8": (False, 2.0), "onnx-int8": (False, 2.3),
+    again, stub = pick(settings, AVX2, {"ct2-int8": (False, 2.0), "ov-int8": (False, 2.3),
                                         "onnx-fp32": (True, 1.2)})
 
-    assert stub.calls == ["ct2-int8", "onnx-int8", "onnx-fp32"]  # measured, not trusted
+    assert stub.calls == ["ov-int8", "ct2-int8", "onnx-fp32"]  # measured, not trusted
     assert again.recipe == "onnx-fp32"
     stored = cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2)
     assert stored == (None if corruption == "unreadable" else again)  # rewritten where it can be
 
 
 def test_default_cache_folder_honours_xdg_cache_home(tmp_path):
-    choice, _ = pick(Settings(), AVX2, {"ct2-int8": (True, 2.0), "onnx-int8": (True, 2.3),
+    choice, _ = pick(Settings(), AVX2, {"ct2-int8": (True, 2.0), "ov-int8": (True, 2.3),
                                         "onnx-fp32": (True, 1.2)})
 
     assert (tmp_path / "xdg" / "canary-gateway" / "auto" / f"{choice.key}.json").is_file()
@@ -223,7 +223,7 @@ def test_key_follows_what_changes_the_choice(tmp_path, change):
     folder = str(tmp_path / "auto")
     before = Settings(auto_choice_dir=folder)
     after = Settings(auto_choice_dir=folder, **change)
-    results = {"bf16": (True, 1.9), "ct2-int8": (True, 2.0), "onnx-int8": (True, 2.3),
+    results = {"bf16": (True, 1.9), "ct2-int8": (True, 2.0), "ov-int8": (True, 2.3),
                "onnx-fp32": (True, 1.2)}
     first, _ = pick(before, SAPPHIRE, results)
     second, stub = pick(after, SAPPHIRE, results)
@@ -234,11 +234,11 @@ def test_key_follows_what_changes_the_choice(tmp_path, change):
 
 def test_hidden_bf16_measures_the_int8_runtime_on_a_bf16_machine(tmp_path):
     hidden = Settings(auto_choice_dir=str(tmp_path), hide_native_bf16=True)
-    choice, stub = pick(hidden, SAPPHIRE, {"ct2-int8": (True, 2.0), "onnx-int8": (True, 2.3),
+    choice, stub = pick(hidden, SAPPHIRE, {"ct2-int8": (True, 2.0), "ov-int8": (True, 2.3),
                                         "onnx-fp32": (True, 1.2)})
 
     assert "bf16" not in stub.calls  # hidden: not measured
-    assert stub.calls == ["ct2-int8", "onnx-int8", "onnx-fp32"] and choice.recipe == "onnx-int8"
+    assert stub.calls == ["ov-int8", "ct2-int8", "onnx-fp32"] and choice.recipe == "ov-int8"
     assert choice.context["hardware"]["hide_native_bf16"] is True
     assert describe(choice).endswith("; native bf16 hidden (hide_native_bf16))")
 
@@ -369,8 +369,8 @@ def test_choose_with_real_measure_on_the_calibration_split(settings):
     clock = FakeClock(start=0.0)
     variant = StubVariant({
         "bf16": StubModel(cost=1.0, flips=(0,)),  # fast, but flips a confident answer
+        "ov-int8": RuntimeError("ov-int8 runs on CPU only"),
         "ct2-int8": StubModel(cost=3.0),  # faithful, but no faster than fp32
-        "onnx-int8": RuntimeError("onnx-int8 runs on CPU only"),
         "onnx-fp32": StubModel(cost=2.0, flips_near_ties=True),
     }, clock)
     choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE,
@@ -378,10 +378,10 @@ def test_choose_with_real_measure_on_the_calibration_split(settings):
 
     assert (choice.recipe, choice.fallback) == ("onnx-fp32", False)
     assert choice.decision == {"recipe": "onnx-fp32"}
-    bf16, ct2, int8, fp32 = choice.evidence
+    bf16, int8, ct2, fp32 = choice.evidence
     assert bf16.confident_flips == 1 and not bf16.passed and bf16.speedup == 3.0
     assert ct2.recipe == "ct2-int8" and not ct2.passed and ct2.error is None
     assert ct2.failures == ("speedup 1.00x: no faster than fp32",)
-    assert int8.error == "RuntimeError: onnx-int8 runs on CPU only"
+    assert int8.error == "RuntimeError: ov-int8 runs on CPU only"
     assert fp32.n == 650 and fp32.passed and fp32.speedup == 1.5
     assert Choice.model_validate_json(choice.model_dump_json()) == choice

@@ -226,3 +226,125 @@ def test_a_runtime_is_warmed_over_every_padding_width(baseline):
     widths = [w for w in PAD_WIDTHS if w <= baseline.max_tokens]
     assert runs == len(calls) == 2 * len(widths)
     assert calls == [(rows, width) for rows in (1, 8) for width in widths]
+
+
+# --- ov-int8 (OpenVINO + NNCF), which shares the artifact cache -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def ov_int8(encoder_dir, onnx_dir):
+    return Variant(_settings(encoder_dir, onnx_dir, "ov-int8"), "optimized")
+
+
+def test_ov_int8_quantizes_caches_and_answers_close_to_fp32(baseline, ov_int8, encoder_dir,
+                                                            onnx_dir, monkeypatch):
+    from serve.ovint8 import ALPHAS, FILES, PRECISION_HINT, OvModel
+
+    assert isinstance(ov_int8.model, OvModel) and ov_int8.model.threads == torch.get_num_threads()
+    decision = ov_int8.decision
+    assert ov_int8.version.startswith("ov-int8-") and decision["runtime"].startswith("openvino ")
+    assert decision["precision_hint"] == PRECISION_HINT and decision["smooth_quant_alpha"] in ALPHAS
+    evidence = ov_int8.model.manifest["evidence"]
+    assert evidence["calibration"]["confident_flips"] == 0
+    assert evidence["calibration"]["agreement"] >= 0.99
+    rows, reference = ov_int8.rows(TEXTS), baseline.rows(TEXTS)
+    assert rows.shape == reference.shape
+    assert (rows * reference).sum(-1).min() > 0.95  # int8, so close but not equal
+    folder = ov_int8.model.source.parent
+    check(folder, folder.name, FILES)
+    other = dict(ov_int8.decision, precision_hint="bf16")  # a hint changes answers: a version
+    assert variant_version(ov_int8.weights, "ov-int8", decision=other) != ov_int8.version
+    monkeypatch.setattr("serve.ovint8._search",
+                        lambda *_a, **_k: pytest.fail("the cached model should have been used"))
+    again = Variant(_settings(encoder_dir, onnx_dir, "ov-int8"), "optimized")
+    assert again.version == ov_int8.version
+    assert torch.allclose(again.rows(TEXTS), rows, atol=1e-5)
+
+
+def test_ov_int8_keeps_sensitive_layers_when_no_alpha_reaches_the_target(baseline, encoder_dir,
+                                                                        tmp_path, monkeypatch):
+    from serve import ovint8
+    from serve.onnxrt.calibrate import Score
+
+    settings = _settings(encoder_dir, tmp_path, "ov-int8")
+    kept_counts = []
+    quantize = ovint8._quantize
+
+    def recording(graph, data, alpha, keep):
+        kept_counts.append(len(keep))  # the MatMuls NNCF is told to leave fp32
+        return quantize(graph, data, alpha, keep)
+
+    def judge(_variant, _texts):  # reaches the target only with 3 or more layers in fp32
+        return lambda _model: Score(0.999 if kept_counts[-1] >= 3 else 0.9, 0)
+
+    monkeypatch.setattr(ovint8, "_quantize", recording)
+    monkeypatch.setattr("serve.onnxrt.build.judge", judge)
+    opt = Variant(settings, "optimized")
+    decision = opt.model.manifest["decision"]
+    assert len(decision["kept"]) == 3  # the binary search's fewest
+    assert decision["smooth_quant_alpha"] == ovint8.ALPHAS[0]  # all tied: the first tried
+    tried = opt.model.manifest["evidence"]["tried"]
+    assert [(t["alpha"], t["kept"]) for t in tried[:len(ovint8.ALPHAS)]] == [
+        (alpha, 0) for alpha in ovint8.ALPHAS]
+    assert [t["kept"] for t in tried[len(ovint8.ALPHAS):]] == kept_counts[len(ovint8.ALPHAS):]
+    assert kept_counts[:len(ovint8.ALPHAS)] == [0] * len(ovint8.ALPHAS)  # every alpha all int8
+    assert all(name.startswith("encoder.layer.") for name in decision["kept"])
+    assert opt.model.manifest["evidence"]["calibration"]["agreement"] == 0.999
+
+
+def test_ov_int8_layer_names_map_to_torch_linears():
+    from serve.ovint8 import layer_of
+
+    assert layer_of("/model/encoder/layer.0/output/dense/MatMul") == "encoder.layer.0.output.dense"
+    assert layer_of("/encoder/layer.1/attention/self/query/MatMul") == (
+        "encoder.layer.1.attention.self.query")
+    assert layer_of("/model/encoder/layer.0/attention/self/MatMul_1") is None  # scores · V
+    assert layer_of("MatMul_12") is None
+
+
+def test_ov_int8_corrupt_artifact_is_rebuilt_not_served(ov_int8, encoder_dir, tmp_path):
+    from serve.ovint8 import FILES
+
+    settings = _settings(encoder_dir, tmp_path, "ov-int8")
+    first = Variant(settings, "optimized")
+    folder = first.model.source.parent
+    weights = folder / FILES[1]
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match its digest"):
+        check(folder, folder.name, FILES)
+    again = Variant(settings, "optimized")
+    check(folder, folder.name, FILES)
+    assert torch.allclose(again.rows(TEXTS), first.rows(TEXTS), atol=1e-5)
+
+
+def test_ov_int8_resizes_and_serves_a_classifier_head(tmp_path):
+    source = make_tiny_encoder(tmp_path / "cls", classifier_labels=("neg", "pos"))
+    settings = Settings(model_path=str(source), optimized_recipe="ov-int8",
+                        onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
+    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    assert opt.model.output == "logits"
+    before = opt.rows(TEXTS)
+    assert before.shape == base.rows(TEXTS).shape
+    opt.model.resize(2)
+    assert opt.model.threads == 2
+    assert torch.allclose(opt.rows(TEXTS), before, atol=1e-5)
+
+
+def test_openvino_is_imported_with_its_telemetry_declined(tmp_path):
+    """`import openvino` asks openvino-telemetry for consent, which writes ~/intel and would try
+    the network; serve.ovint8 declines it for the import and restores the environment."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; from serve.ovint8 import runtime; runtime().Core(); "
+            "import serve.ovint8 as o; o._versions(); "
+            "print(os.environ.get('CI'), os.environ.get('NNCF_CI'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI")}
+    env["HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.split() == ["None", "None"]  # the process's environment is restored
+    assert not (tmp_path / "intel").exists()
