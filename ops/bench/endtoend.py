@@ -5,7 +5,10 @@ for its answer and send the next, for `seconds` after an unmeasured warm-up (so 
 adapts to what the gateway serves: this finds its throughput at that concurrency, not an
 overload). Every answer is accounted for: 200s give a client latency and their `Server-Timing`
 (stages in ms and the batch's size), any other status or a connection error is counted by kind.
-Throughput counts answered 200s over the measured window only.
+Throughput counts answered 200s over the measured window only. A worker whose request was shed
+(503) waits its Retry-After before the next, as a well-behaved client does: resending at once
+would measure the cost of refusing requests (the gateway sheds what would queue past its
+target, serve.admission), not the goodput it serves.
 
 Per level it reports requests and inputs per second, p50 / p95 / p99 client latency
 (nearest rank), the mean of each `Server-Timing` stage, the distribution of batch sizes (in
@@ -48,6 +51,16 @@ def parse_server_timing(header: str) -> tuple[dict[str, float], int | None]:
     return stages, batch
 
 
+def retry_after(response: httpx.Response, remaining: float) -> float:
+    """Seconds a well-behaved client waits before its next request after `response`: the
+    Retry-After of a shed request (503; delay-seconds form), at most `remaining`; else 0. A
+    client that resends at once measures the cost of refusing it, not the gateway's goodput."""
+    value = response.headers.get("retry-after", "")
+    if response.status_code != 503 or not value.strip().isdigit():
+        return 0.0
+    return max(0.0, min(float(value), remaining))
+
+
 def check_reachable(url: str, timeout: float = 5.0) -> None:
     """A clear BenchError unless `url` answers `GET /healthz` with 200."""
     try:
@@ -81,10 +94,12 @@ async def _level(url: str, texts: list[str], concurrency: int, seconds: float, w
                     if sent >= measure_from:
                         failures[f"lost:{type(exc).__name__}"] += 1
                     continue
-                if sent < measure_from:
-                    continue
                 if response.status_code != 200:
-                    failures[str(response.status_code)] += 1
+                    if sent >= measure_from:
+                        failures[str(response.status_code)] += 1
+                    await asyncio.sleep(retry_after(response, stop - time.monotonic()))
+                    continue
+                if sent < measure_from:
                     continue
                 stages, batch = parse_server_timing(response.headers.get("server-timing", ""))
                 latency = (time.monotonic() - sent) * 1000

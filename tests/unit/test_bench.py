@@ -138,3 +138,17 @@ def test_render_rewrites_the_reports_from_json(inprocess, tmp_path, capsys):
     (tmp_path / "broken.json").write_text("{not json")
     assert bench.main(["--render", str(tmp_path / "broken.json"), "--quiet"]) == 2
     assert "cannot render" in capsys.readouterr().err
+
+
+def test_a_shed_request_waits_its_retry_after_and_no_longer_than_the_run():
+    import httpx
+
+    def answer(status, **headers):
+        return httpx.Response(status, headers=headers)
+
+    assert endtoend.retry_after(answer(503, **{"Retry-After": "1"}), remaining=5.0) == 1.0
+    assert endtoend.retry_after(answer(503, **{"Retry-After": "3"}), remaining=0.5) == 0.5
+    assert endtoend.retry_after(answer(503, **{"Retry-After": "3"}), remaining=-1.0) == 0.0
+    assert endtoend.retry_after(answer(503), remaining=5.0) == 0.0  # none given: at once
+    assert endtoend.retry_after(answer(503, **{"Retry-After": "soon"}), remaining=5.0) == 0.0
+    assert endtoend.retry_after(answer(504, **{"Retry-After": "1"}), remaining=5.0) == 0.0
