@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -242,12 +243,15 @@ def _quantize(graph, data: list[dict], alpha: float, keep: list[str]):
 
 @contextlib.contextmanager
 def _quiet_nncf():
-    """NNCF logs each step at INFO; the build reports its own progress."""
+    """NNCF logs each step at INFO and draws progress bars on standard output, where they would
+    corrupt a command's output (`rollout verify --json`): its log is quieted and its output
+    goes to standard error; the build reports its own progress."""
     logger = logging.getLogger("nncf")
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
-        yield
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     finally:
         logger.setLevel(level)
 

@@ -348,3 +348,11 @@ def test_openvino_is_imported_with_its_telemetry_declined(tmp_path):
                          timeout=120, check=True)
     assert out.stdout.split() == ["None", "None"]  # the process's environment is restored
     assert not (tmp_path / "intel").exists()
+
+
+def test_ov_int8_build_writes_nothing_on_standard_output(encoder_dir, tmp_path, capsys):
+    """NNCF draws progress bars on stdout; `rollout verify --json` prints its JSON there."""
+    Variant(_settings(encoder_dir, tmp_path, "ov-int8"), "optimized")
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "Statistics collection" in out.err  # NNCF's bars went to stderr instead
