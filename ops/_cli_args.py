@@ -183,8 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub[name].add_argument("--json", action="store_true", help="print JSON")
     verify = sub["verify"]
     verify.add_argument("--set", dest="set_path", metavar="PATH",
-                        help="JSONL regression set (default: CANARY_REGRESSION_SET, else the "
-                             "shipped set)")
+                        help="JSONL set to judge on (default: CANARY_REGRESSION_SET, else the "
+                             "shipped set); calibration (ov-int8, onnx-int8, accuracy-aware, "
+                             "auto) keeps CANARY_REGRESSION_SET's split, so the variant judged "
+                             "is the one the gateway serves")
     verify.add_argument("--recipe", metavar="NAME",
                         help="optimization recipe of the optimized variant (default: "
                              "CANARY_OPTIMIZED_RECIPE); see docs/recipes.md for the list")
@@ -234,8 +236,6 @@ def settings_from(args) -> Settings:
         overrides["app_name"] = args.app
     if getattr(args, "redis_url", None) is not None:
         overrides["redis_url"] = args.redis_url
-    if getattr(args, "set_path", None) is not None:
-        overrides["regression_set"] = args.set_path
     if getattr(args, "recipe", None) is not None:
         overrides["optimized_recipe"] = args.recipe
     try:

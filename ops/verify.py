@@ -94,8 +94,11 @@ class _Bar:
             self.bar.close()
 
 
-def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
-        speed: bool = True) -> Report:
+def run(settings: Settings, *, set_path: str | None = None, limit: int | None = None,
+        progress_stream=None, speed: bool = True) -> Report:
+    """Both arms on the set at `set_path` (default: `settings.regression_set`). The arms are
+    built with `settings` as the gateway builds them: a calibrated recipe (and `auto`) keeps
+    calibrating on `settings.regression_set`, whatever set they are judged on."""
     torch.set_num_threads(settings.threads_per_model(replicas=1))
     check_labels(labels_of(settings, "baseline"), labels_of(settings, "optimized"))
     bar = _Bar(progress_stream, progress_stream is not None)
@@ -103,7 +106,7 @@ def run(settings: Settings, *, limit: int | None = None, progress_stream=None,
         bar.stage("loading baseline", 1)
         baseline = Variant(settings, "baseline")
         bar.step()
-        regression = load_set(settings.regression_set, baseline.labels).limited(limit)
+        regression = load_set(set_path or settings.regression_set, baseline.labels).limited(limit)
         bar.stage(f"loading {settings.optimized_recipe}", 1)
         optimized = Variant(settings, "optimized", progress=lambda step, _: bar.note(step))
         bar.step()

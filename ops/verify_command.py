@@ -22,8 +22,8 @@ def verify(ctx, settings: Settings) -> int:
 
     try:
         report = runner.run(
-            settings, limit=args.limit, progress_stream=None if args.quiet else ctx.err,
-            speed=not args.no_speed,
+            settings, set_path=args.set_path, limit=args.limit,
+            progress_stream=None if args.quiet else ctx.err, speed=not args.no_speed,
         )
     except (RegressionSetError, FileNotFoundError, ModelSourceError) as exc:
         raise UsageError(str(exc)) from None

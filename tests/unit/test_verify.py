@@ -135,3 +135,26 @@ def test_other_commands_do_not_import_torch():
     code = ("import sys, ops.cli; ops.cli.build_parser(); "
             "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_set_changes_what_is_judged_not_what_is_calibrated(env, tmp_path):
+    """`--set` is the set both arms are judged on; a calibrated recipe (ov-int8, onnx-int8,
+    accuracy-aware, auto) still calibrates on CANARY_REGRESSION_SET, as the gateway does, so the
+    variant judged is the one served (it used to be calibrated on the judged set itself)."""
+    from serve.regression import RegressionSetError
+
+    path = tmp_path / "held-out.jsonl"
+    path.write_text("".join(json.dumps({"text": f"held-out input {i}"}) + "\n" for i in range(6)))
+    seen = {}
+
+    def run(settings, *, set_path=None, **_kw):
+        seen.update(regression_set=settings.regression_set, set_path=set_path)
+        raise RegressionSetError("stopped by the test")
+
+    env.setattr("ops.verify.run", run)
+    code, _, err, _ = verify("--set", str(path), "--recipe", "ov-int8", "--quiet")
+    assert code == 2 and "stopped by the test" in err
+    assert seen == {"regression_set": None, "set_path": str(path)}
+    env.setenv("CANARY_REGRESSION_SET", str(path))  # the configured set is both, as before
+    verify("--recipe", "ov-int8", "--quiet")
+    assert seen == {"regression_set": str(path), "set_path": None}
