@@ -251,3 +251,41 @@ def test_admitted_gives_the_slot_back_however_the_block_ends():
         assert limit.in_flight == 0
 
     asyncio.run(scenario())
+
+
+def test_the_wait_for_a_slot_follows_the_forwards_when_they_are_longer_than_the_target():
+    admission = limit(target_s=0.05)
+    assert admission.wait_s == 0.05  # nothing answered yet: the target
+    for _ in range(40):  # forwards of 0.8 s (8-text requests on 2 cores)
+        slot = admission.try_enter() or pytest.fail("no slot")
+        slot.answered(total_s=0.9, model_s=0.8, target_s=admission.target_s)
+        admission.leave(slot)
+    assert 0.79 < admission.wait_s <= 0.8 and admission.snapshot()["wait_ms"] == round(
+        admission.wait_s * 1000, 1)
+    for _ in range(40):  # short forwards again: back to the target
+        slot = admission.try_enter()
+        slot.answered(total_s=0.02, model_s=0.01, target_s=admission.target_s)
+        admission.leave(slot)
+    assert admission.wait_s == 0.05
+    shed = admission.try_enter()
+    shed.overloaded()  # no forward learned from a refused or timed-out call
+    admission.leave(shed)
+    assert admission.wait_s == 0.05
+
+
+def test_a_request_over_the_limit_waits_for_the_forward_in_progress_not_only_the_target():
+    async def scenario():
+        admission = limit(target_s=0.02)
+        admission.forward_s = 0.3  # forwards of 0.3 s recently
+        slots = fill(admission)
+        waiter = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0.1)  # past the target, within a forward: still waiting
+        assert not waiter.done() and admission.waiting == 1
+        admission.leave(slots.pop())  # the forward ended: its slot goes to the waiter
+        assert await waiter is not None and admission.shed == 0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await admission.enter() is None  # nobody leaves: shed after one forward
+        assert 0.3 <= loop.time() - started < 0.6 and admission.shed == 1
+
+    asyncio.run(scenario())
