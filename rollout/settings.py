@@ -462,7 +462,8 @@ class AdmissionSettings(BaseSettings):
     gateway_queue_target_ms: float = Field(
         50.0, ge=0, le=60_000,
         description="queueing an answered request may see (or one forward, if longer) "
-        "before the adaptive limit shrinks",
+        "before the adaptive limit shrinks; also how long a request over the limit waits for a "
+        "slot (or the recent forwards, if longer) before it is shed",
     )
     gateway_max_uploading: int = Field(
         256, ge=1, le=100_000,

@@ -135,7 +135,8 @@ def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
 def test_adaptive_admission_sheds_at_once_what_it_cannot_serve_in_time(gw):
     """Each baseline batch takes 300 ms: of 40 concurrent requests, those past the adaptive
     limit are shed with 503 + Retry-After within about one forward (the wait for a slot
-    follows the forwards, serve.admission), the rest are answered; the limit (shown by GET /v1/rollout) stays within its bounds."""
+    follows the forwards, serve.admission), the rest are answered; the limit (shown by
+    GET /v1/rollout) stays within its bounds."""
     gw.redeploy({"baseline": {"fault_delay_ms": 300}}, gateway_adaptive_admission=True)
     admission = gw.served_state()["admission"]
     assert admission["adaptive"] is True and admission["limit"] == gw.settings.gateway_min_in_flight
