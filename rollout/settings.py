@@ -407,7 +407,7 @@ class ServingSettings(BaseSettings):
     )
     request_timeout_s: float = Field(
         10.0, gt=0, le=600, description="deadline of a request's model calls, fallback "
-        "included (504 after)"
+        "included (504 after); a client may ask for a shorter one in `X-Request-Timeout-Ms`"
     )
     canary_timeout_fraction: float = Field(
         0.5, gt=0, le=1, description="share of that deadline the optimized model gets; the "
@@ -430,8 +430,9 @@ class ServingSettings(BaseSettings):
 class AdmissionSettings(BaseSettings):
     """Admission and slow clients
 
-    What a gateway replica lets in: request size limits, the in-flight limit (fixed or
-    adaptive) and slow uploads (serving layer: serve.admission, serve.ingress).
+    What a gateway replica lets in: request size limits, the memory cap on requests in flight
+    (below it, requests are refused only when they would miss their deadline) and slow uploads
+    (serving layer: serve.admission, serve.ingress).
     """
 
     model_config = CONFIG
@@ -447,23 +448,9 @@ class AdmissionSettings(BaseSettings):
     )
     gateway_max_in_flight: int = Field(
         128, ge=1, le=100_000, description="the most requests a gateway replica serves at once "
-        "(the memory cap; the adaptive limit stays below it); above the limit in force it sheds "
-        "with 503 + `Retry-After` once the body is read"
-    )
-    gateway_adaptive_admission: bool = Field(
-        True, description="the in-flight limit follows measured queueing (AIMD, "
-        "`serve/admission.py`); off: `CANARY_GATEWAY_MAX_IN_FLIGHT` is the limit",
-    )
-    gateway_min_in_flight: int = Field(
-        4, ge=1, le=100_000,
-        description="the adaptive in-flight limit never goes below this (keeps the model "
-        "replicas busy)"
-    )
-    gateway_queue_target_ms: float = Field(
-        50.0, ge=0, le=60_000,
-        description="queueing an answered request may see (or one forward, if longer) "
-        "before the adaptive limit shrinks; also how long a request over the limit waits for a "
-        "slot (or the recent forwards, if longer) before it is shed",
+        "(the memory cap); above it 503 + `Retry-After` at once. Below it a request is refused "
+        "only when it would be answered after its deadline ([admission]"
+        "(production.md#admission-by-deadline))"
     )
     gateway_max_uploading: int = Field(
         256, ge=1, le=100_000,

@@ -1,182 +1,312 @@
-"""Adaptive admission: how many requests a gateway replica lets in at once, from the queueing
-its answered requests saw.
+"""Admission by deadline: a gateway replica refuses a request only when it cannot be answered
+within its deadline, and otherwise lets it join the queue, so that batches fill.
 
-A fixed bound (`gateway_max_in_flight`) caps memory but not latency: under overload every
-admitted request waits behind all the others, deadlines pass while the work goes on, and goodput
-collapses. So the bound in force, `limit`, follows measurement (additive increase,
-multiplicative decrease, as Netflix's concurrency-limits AIMD and TCP do). A request over it
-waits for a slot at most `wait_s` (first come, first served; a burst of quick requests rides
-through), then is shed with 503 + Retry-After; with `ceiling` requests admitted or waiting, at
-once. `wait_s` is `target_s` or, when longer, the forward answered requests recently rode in
-(`forward_s`, a moving average): slots free as forwards end, so with forwards longer than the
-target (many inputs per request, long inputs) a request that waits only `target_s` for a slot
-is shed although the next forward would have carried it, and closed-loop clients then spend the
-machine on being refused (8-text requests at concurrency 32 on 2 cores: 97 % shed, a third of
-the goodput). Waiting behind one forward is how batching works, as for congestion below.
+Every request has a deadline: `request_timeout_s` from its arrival, or a shorter one the client
+sends in `X-Request-Timeout-Ms` (`requested_timeout_s`: a positive integer, capped at the
+server's timeout; anything else is the client's error). A request is refused at once (503 with
+a `Retry-After`) only when its *predicted completion* passes that deadline:
 
-- Each answered request reports how long it queued: its time since admission minus the time of
-  the forward that carried it (`queued_s = total_s - model_s`). It *queued too long* when that
-  exceeds both `target_s` and one such forward (waiting behind the forward in progress is how
-  batching works; waiting behind several is a queue). A model call that timed out or found the
-  model's queue full counts the same.
-- Too long: `limit *= backoff`, at most once per window (only requests admitted since the
-  last decrease can decrease it again: a batch that ends late for all its requests is one
-  signal, not sixteen).
-- A deadline missed or a full model queue is worse than a long wait: the limit drops at once
-  to `backoff` times the requests in flight, whatever the window (with long inputs, a window
-  lasts as long as a request, and a burst would otherwise be admitted for many seconds at a
-  limit it cannot meet).
-- Otherwise, while the limit binds (at least half of it in use at admission):
-  `limit += 1 / limit` per request, about one more per round trip; until the first decrease,
-  `limit += 1` (TCP's slow start: a fresh gateway finds its level in a few round trips).
-- `floor <= limit <= ceiling`: it starts at the floor, which keeps every model replica busy;
-  the ceiling is `gateway_max_in_flight`, the memory cap. Disabled, the limit is the ceiling.
+    predicted = rows ahead for its arm / the arm's measured rate + its own forward
 
-Callers measure the times they report (no clock here); waiting is asyncio's.
+- *Rows ahead* (`ArmQueue.rows`): the inputs this replica has admitted for the arm and not yet
+  had answered (queued here, in the model's queue, or in a forward).
+- *Measured rate* (`ArmQueue.rate`, rows per second), the higher of two measurements:
+  - the rate of a full batch (`ForwardFit`): the forwards answers rode in, as their time
+    against their batch's inputs, fitted to `time = fixed + per_row x rows` (exponentially
+    weighted least squares), evaluated at the largest batch (`max_batch_size` requests, or the
+    most inputs a forward carried, if more). A queue is served in full batches, so this is its
+    rate, however small the batches were when it was measured. Until batches of different
+    sizes have been seen, the per-row cost is taken as 0 (a forward of a full batch takes as
+    long as the ones seen): the optimistic side, since refusing what batching can serve is the
+    error this admission exists to avoid; the first full batches correct it.
+  - inputs answered per second of time the arm had work outstanding (over windows of at least
+    `RATE_WINDOW_S` busy seconds, a moving average): end to end, so it counts every model
+    replica of the arm, which the fit of one replica's forwards does not.
+- *Own forward*: the fitted time of a forward of the request's own rows (at the rate, beyond a
+  full batch).
+
+Nothing is refused before the first measurement, and there is no fixed queue target: a closed
+loop of N clients is bounded load, and with the default deadline (10 s) it is never refused
+(as Triton's dynamic batcher rejects only requests whose queue timeout passes, and gRPC
+propagates deadlines). The memory cap stays: with `ceiling` requests in flight a request is
+refused at once. `Retry-After` is the time until the work ahead would have drained to within the
+request's deadline, in whole seconds, at least 1.
+
+A request's rows leave the count when its model call ends, however it ends: an answer, a
+failure, or the client gone (its task cancelled), so nobody is refused because of work nobody
+waits for. Rows of a canary call that falls back move to the baseline's count.
+
+`door(timeout_s)` is the same judgement before the request's body is read or its arm known
+(serve.ingress): it refuses only when every arm with work outstanding would miss the deadline
+for a one-input request, or at the memory cap.
+
+The clock is injectable (`clock`, seconds); waiting is the caller's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import math
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-FORWARD_WEIGHT = 0.2  # of the newest forward in `AdaptiveLimit.forward_s`
+RATE_WINDOW_S = 0.1  # busy seconds a rate sample covers at least
+RATE_WEIGHT = 0.3  # of the newest sample in the moving average of the busy rate
+FIT_WEIGHT = 0.05  # of the newest forward in the fit of forward time against rows
+TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+def requested_timeout_s(value: str | None, cap_s: float) -> float:
+    """The request's timeout in seconds: `cap_s` without the header, else its value (a positive
+    integer of milliseconds) capped at `cap_s`. ValueError, naming the header, otherwise."""
+    if value is None:
+        return cap_s
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or int(text) == 0:
+        raise ValueError(f"X-Request-Timeout-Ms must be a positive whole number of "
+                         f"milliseconds, got {value[:32]!r}")
+    return min(int(text) / 1000, cap_s)
+
+
+def retry_after_s(predicted_s: float, timeout_s: float) -> int:
+    """Whole seconds until work predicted to take `predicted_s` would fit in `timeout_s`."""
+    return max(1, math.ceil(predicted_s - timeout_s))
+
+
+@dataclass
+class ForwardFit:
+    """Forward time against rows, `time(rows) = fixed + per_row x rows`, fitted by
+    exponentially weighted least squares over the forwards answers rode in."""
+
+    full_rows: int = 1  # a full batch: at least this many rows
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, b, t, bb, bt
+    seen_rows: int = 0  # the most rows one forward carried
+
+    def observe(self, rows: int, seconds: float) -> None:
+        keep = 1 - FIT_WEIGHT
+        for i, value in enumerate((1.0, rows, seconds, rows * rows, rows * seconds)):
+            self._sums[i] = self._sums[i] * keep + value
+        self.seen_rows = max(self.seen_rows, rows)
+
+    @property
+    def known(self) -> bool:
+        return self._sums[0] > 0
+
+    def line(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per row); per row 0 until different sizes were seen."""
+        n, b, t, bb, bt = self._sums
+        mean_b, mean_t = b / n, t / n
+        spread = bb / n - mean_b * mean_b
+        per_row = max(0.0, (bt / n - mean_b * mean_t) / spread) if spread >= 0.25 else 0.0
+        fixed = mean_t - per_row * mean_b
+        if fixed < 0:  # all per row
+            return 0.0, mean_t / mean_b
+        return fixed, per_row
+
+    def time_s(self, rows: int) -> float:
+        fixed, per_row = self.line()
+        return fixed + per_row * rows
+
+    @property
+    def batch_rows(self) -> int:
+        return max(self.full_rows, self.seen_rows)
+
+    def full_rate(self) -> float | None:
+        """Rows per second of a forward of a full batch (None before any forward)."""
+        if not self.known:
+            return None
+        rows = self.batch_rows
+        seconds = self.time_s(rows)
+        return rows / seconds if seconds > 0 else None
+
+
+@dataclass
+class ArmQueue:
+    """One arm's outstanding rows and measured speed, as one gateway replica sees them."""
+
+    rows: int = 0
+    busy_rate: float | None = None  # rows answered per busy second
+    fit: ForwardFit = field(default_factory=ForwardFit)
+    _mark: float = 0.0  # when `rows` last changed
+    _busy_s: float = 0.0  # busy seconds in the current rate window
+    _done: int = 0  # rows answered in the current rate window
+
+    def _advance(self, now: float) -> None:
+        if self.rows > 0:
+            self._busy_s += max(0.0, now - self._mark)
+        self._mark = now
+
+    def add(self, rows: int, now: float) -> None:
+        self._advance(now)
+        self.rows += rows
+
+    def remove(self, rows: int, now: float, answered: bool) -> None:
+        self._advance(now)
+        self.rows -= rows
+        if not answered:
+            return
+        self._done += rows
+        if self._busy_s >= RATE_WINDOW_S:
+            self.busy_rate = _averaged(self.busy_rate, self._done / self._busy_s, RATE_WEIGHT)
+            self._busy_s, self._done = 0.0, 0
+
+    def forwarded(self, forward_s: float, batch_rows: int) -> None:
+        """An answer's forward: `batch_rows` inputs (of all its requests) in `forward_s`."""
+        if forward_s > 0 and batch_rows > 0:
+            self.fit.observe(batch_rows, forward_s)
+
+    @property
+    def rate(self) -> float | None:
+        known = [r for r in (self.busy_rate, self.fit.full_rate()) if r is not None]
+        return max(known) if known else None
+
+    def own_forward_s(self, rows: int) -> float:
+        """A forward of `rows` (beyond a full batch: at the rate)."""
+        if not self.fit.known:
+            return 0.0
+        full = self.fit.batch_rows
+        if rows <= full:
+            return self.fit.time_s(rows)
+        return rows / (self.rate or 1.0)
+
+    def predicted_s(self, rows: int) -> float:
+        """Seconds until `rows` more would be answered: the rows ahead at the measured rate,
+        then their own forward (0 before the first measurement: nothing to predict from)."""
+        rate = self.rate
+        if rate is None:
+            return 0.0
+        return self.rows / rate + self.own_forward_s(rows)
+
+    def snapshot(self) -> dict:
+        rate = self.rate
+        return {"rows": self.rows, "rate_per_s": None if rate is None else round(rate, 1),
+                "forward_ms": round(self.own_forward_s(1) * 1000, 1),
+                "predicted_ms": round(self.predicted_s(1) * 1000, 1)}
 
 
 @dataclass
 class Slot:
-    """One admitted request; `report` what it saw before `AdaptiveLimit.leave`."""
+    """One admitted request: the arm its rows are counted on, while its model call runs."""
 
-    window: int
-    binding: bool  # the limit was at least half in use when it was admitted
-    congested: bool | None = None  # None: nothing learned (an input error, a failed model)
-    missed: bool = False  # a deadline missed or a full model queue
-    model_s: float | None = None  # the forward that carried it, when answered
+    admission: Admission
+    arm: str | None = None
+    rows: int = 0
 
-    def answered(self, total_s: float, model_s: float, target_s: float) -> None:
-        queued_s = total_s - model_s
-        self.model_s = model_s
-        self.congested = queued_s > max(target_s, model_s)
-
-    def overloaded(self) -> None:
-        """The model call timed out or was refused for a full queue."""
-        self.congested = self.missed = True
-
-
-class AdaptiveLimit:
-    def __init__(self, *, floor: int, ceiling: int, target_s: float, enabled: bool = True,
-                 backoff: float = 0.9):
-        if not 1 <= floor <= ceiling:
-            raise ValueError("need 1 <= floor <= ceiling")
-        if not 0 < backoff < 1:
-            raise ValueError("backoff must be within (0, 1)")
-        self.floor, self.ceiling, self.target_s = floor, ceiling, target_s
-        self.enabled, self.backoff = enabled, backoff
-        self.limit = float(floor if enabled else ceiling)
-        self.in_flight = 0
-        self.window = 0  # decreases so far
-        self.shed = 0  # requests refused so far
-        self.forward_s = 0.0  # moving average of the forwards answered requests rode in
-        self._waiting: deque[asyncio.Future] = deque()
-
-    @property
-    def wait_s(self) -> float:
-        """How long a request over the limit waits for a slot before it is shed."""
-        return max(self.target_s, self.forward_s)
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
-
-    def saturated(self) -> bool:
-        """Every slot taken and as many requests already waiting: a request arriving now will
-        not get a slot within `wait_s` (shed it before spending anything on it)."""
-        limit = int(self.limit)
-        return self.in_flight >= limit and len(self._waiting) >= limit
-
-    def snapshot(self) -> dict:
-        """What `GET /v1/rollout` shows of this replica's admission."""
-        return {"limit": int(self.limit), "in_flight": self.in_flight, "waiting": self.waiting,
-                "shed": self.shed, "adaptive": self.enabled,
-                "wait_ms": round(self.wait_s * 1000, 1)}
-
-    def try_enter(self) -> Slot | None:
-        """A slot now, or None when the limit is reached (or others wait for one)."""
-        if self.in_flight >= int(self.limit) or self._waiting:
-            return None
-        return self._admit()
-
-    async def enter(self) -> Slot | None:
-        """A slot, waiting for one at most `wait_s`; None: shed the request."""
-        slot = self.try_enter()
-        if slot is not None:
-            return slot
-        if self.in_flight + len(self._waiting) >= self.ceiling or self.target_s <= 0:
-            self.shed += 1
-            return None
-        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        self._waiting.append(future)
+    @contextmanager
+    def counted(self, arm: str, rows: int) -> Iterator[None]:
+        """`rows` count on `arm` for the block (a model call); they leave when it ends, however
+        it ends. The block's caller reports an answer with `answered`."""
+        queue = self.admission.queue(arm)
+        queue.add(rows, self.admission.clock())
+        self.arm, self.rows = arm, rows
+        answered = False
         try:
-            return await asyncio.wait_for(future, self.wait_s)
-        except TimeoutError:
+            yield
+            answered = True
+        finally:
+            queue.remove(rows, self.admission.clock(), answered)
+            self.arm, self.rows = None, 0
+
+    def answered(self, forward_s: float, batch_rows: int) -> None:
+        """The forward that carried this request (`batch_rows` inputs in `forward_s`), for the
+        arm's estimates of one forward and of its rate."""
+        if self.arm is not None:
+            self.admission.queue(self.arm).forwarded(forward_s, batch_rows)
+
+
+@dataclass
+class Refusal:
+    """Why a request is refused: what it would have waited, its timeout, when to retry."""
+
+    predicted_s: float
+    timeout_s: float
+
+    @property
+    def retry_after(self) -> int:
+        return retry_after_s(self.predicted_s, self.timeout_s)
+
+    def message(self, arm: str) -> str:
+        return (f"the {arm} model would answer in about {self.predicted_s:.2f} s, past the "
+                f"request's deadline of {self.timeout_s:.2f} s; retry later")
+
+
+@dataclass
+class Admission:
+    """A gateway replica's admission (see the module docstring)."""
+
+    ceiling: int
+    batch_rows: int = 1  # inputs a full batch carries at least (`max_batch_size`)
+    arms: dict[str, ArmQueue] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    in_flight: int = 0
+    shed: int = 0  # requests refused so far
+
+    def __post_init__(self) -> None:
+        if self.ceiling < 1:
+            raise ValueError("ceiling must be at least 1")
+
+    def queue(self, arm: str) -> ArmQueue:
+        if arm not in self.arms:
+            self.arms[arm] = ArmQueue(fit=ForwardFit(full_rows=self.batch_rows))
+        return self.arms[arm]
+
+    def enter(self) -> Slot | None:
+        """A slot, or None at the memory cap (refuse at once)."""
+        if self.in_flight >= self.ceiling:
             self.shed += 1
             return None
-        except asyncio.CancelledError:  # the client went away; a slot it was given goes back
-            if future.done() and not future.cancelled():
-                self.leave(future.result())
-            raise
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(future)
+        self.in_flight += 1
+        return Slot(self)
 
-    @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[Slot | None]:
-        """A slot held for the block (`enter`; None: shed the request), given back by `leave`
-        in one place when the block ends, however it ends (an answer, an error, the client
-        gone): the in-flight count as a context manager."""
-        slot = await self.enter()
+    def leave(self, slot: Slot) -> None:
+        self.in_flight -= 1
+
+    @contextmanager
+    def admitted(self) -> Iterator[Slot | None]:
+        """A slot held for the block (None: at the memory cap), given back when it ends."""
+        slot = self.enter()
         try:
             yield slot
         finally:
             if slot is not None:
                 self.leave(slot)
 
-    def _admit(self) -> Slot:
-        self.in_flight += 1
-        return Slot(self.window, binding=2 * self.in_flight >= int(self.limit))
+    def judge(self, arm: str, rows: int, timeout_s: float) -> Refusal | None:
+        """A Refusal when `rows` more for `arm` would be answered after `timeout_s` (counted
+        as shed), else None."""
+        predicted = self.queue(arm).predicted_s(rows)
+        if predicted <= timeout_s:
+            return None
+        self.shed += 1
+        return Refusal(predicted, timeout_s)
 
-    def leave(self, slot: Slot) -> None:
-        self.in_flight -= 1
-        if slot.model_s is not None:
-            self.forward_s += FORWARD_WEIGHT * (slot.model_s - self.forward_s)
-        if self.enabled and slot.congested is not None:
-            if slot.missed:
-                cut = max(float(self.floor), (self.in_flight + 1) * self.backoff)
-                if cut < self.limit:
-                    self.limit = cut
-                    self.window += 1
-            elif slot.congested:
-                if slot.window == self.window:
-                    self.limit = max(float(self.floor), self.limit * self.backoff)
-                    self.window += 1
-            elif slot.binding:
-                step = 1.0 if self.window == 0 else 1 / self.limit  # slow start, then additive
-                self.limit = min(float(self.ceiling), self.limit + step)
-        while self._waiting and self.in_flight < int(self.limit):
-            future = self._waiting.popleft()
-            if not future.done():
-                future.set_result(self._admit())
+    def door(self, timeout_s: float) -> int | None:
+        """Before the body or the arm is known: a Retry-After when the request cannot be
+        served (at the memory cap, or every arm with work would miss `timeout_s` for one
+        input), else None. Not counted: the caller reports what it sheds."""
+        if self.in_flight >= self.ceiling:
+            return 1
+        busy = [q.predicted_s(1) for q in self.arms.values() if q.rows > 0]
+        if busy and min(busy) > timeout_s:
+            return retry_after_s(min(busy), timeout_s)
+        return None
+
+    def snapshot(self) -> dict:
+        """What `GET /v1/rollout` shows of this replica's admission."""
+        return {"in_flight": self.in_flight, "ceiling": self.ceiling, "shed": self.shed,
+                "arms": {arm: q.snapshot() for arm, q in sorted(self.arms.items())}}
+
+
+def _averaged(average: float | None, sample: float, weight: float) -> float:
+    return sample if average is None else average + weight * (sample - average)
 
 
 class ShedSummary:
     """Requests shed without a log line each (serve.ingress) still reach the log: at most one
     line per `every_s`, with how many were shed since the last and the admission's state."""
 
-    def __init__(self, admission: AdaptiveLimit, log: Callable[[str], object], *,
+    def __init__(self, admission: Admission, log: Callable[[str], object], *,
                  every_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.admission, self.log, self.every_s, self.clock = admission, log, every_s, clock
         self.count = 0
@@ -187,7 +317,7 @@ class ShedSummary:
         now = self.clock()
         if now - self.since >= self.every_s:
             a = self.admission
+            rows = ", ".join(f"{arm} {q.rows} rows" for arm, q in sorted(a.arms.items()))
             self.log(f"shed {self.count} requests in the last {now - self.since:.0f} s "
-                     f"(admission limit {int(a.limit)}, {a.in_flight} in flight, "
-                     f"{a.waiting} waiting)")
+                     f"({a.in_flight} in flight of {a.ceiling}; {rows or 'nothing queued'})")
             self.count, self.since = 0, now

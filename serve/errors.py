@@ -5,16 +5,19 @@
     ├── ClientGone        499  the client went away before its answer (recorded; nobody reads it)
     ├── InvalidInput      422  malformed JSON, wrong types, empty inputs, unknown task
     ├── InvalidOverride   400  X-Canary-Arm-Override names no arm (with the operator token)
+    ├── InvalidTimeout    400  X-Request-Timeout-Ms is not a positive whole number
     ├── OverrideNotAllowed 403 X-Canary-Arm-Override without the operator token
     ├── InputTooLarge     413  more items, characters or bytes than the configured limits
     ├── KeyReused         409  an Idempotency-Key already used for a different request
     ├── InProgress        409  the first request with this Idempotency-Key is still running
-    ├── Overloaded        503  a model's queue is full (with Retry-After)
+    ├── Overloaded        503  it would not be answered within its deadline, or a queue is
+    │                          full (with Retry-After)
     ├── ModelTimeout      504  the model call passed its deadline (and was cancelled)
     └── ModelFailed       503  the model raised or its replica died (with Retry-After)
 
-Overloaded is also the gateway's own shedding: past its adaptive in-flight limit
-(serve.admission), or with `gateway_max_uploading` bodies being received.
+Overloaded is also the gateway's own shedding: a request predicted to be answered after its
+deadline or past the memory cap (serve.admission), or with `gateway_max_uploading` bodies being
+received.
 
 The handlers only translate; nothing below the gateway's edge knows about status codes.
 Every error answers the same body, `ErrorBody`; `openapi_errors` declares, for an endpoint's
@@ -87,10 +90,22 @@ class InProgress(GatewayError):
     status, type, retry_after = 409, "idempotency_in_progress", 1
 
 
+class InvalidTimeout(GatewayError):
+    """X-Request-Timeout-Ms is not a positive whole number of milliseconds"""
+
+    status, type = 400, "invalid_timeout"
+
+
 class Overloaded(GatewayError):
-    """the gateway or a model's queue is full; retry after Retry-After"""
+    """it would not be answered within its deadline, or a queue is full; retry after
+    Retry-After"""
 
     status, type, retry_after = 503, "overloaded", 1
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        if retry_after is not None:
+            self.retry_after = retry_after
 
 
 class ModelTimeout(GatewayError):

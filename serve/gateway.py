@@ -43,8 +43,8 @@ from rollout import (
     open_store,
 )
 from rollout.budget import RetryBudget
-from serve import ingress
-from serve.admission import AdaptiveLimit, ShedSummary, Slot
+from serve import ingress, ray_env
+from serve.admission import TIMEOUT_HEADER, Admission, ShedSummary, Slot, requested_timeout_s
 from serve.answer import BatchShape, ModelAnswer
 from serve.batching import Expired, RowsDidNotFit
 from serve.coalesce import CallFailed, Coalescer
@@ -58,6 +58,7 @@ from serve.errors import (
     InputTooLarge,
     InvalidInput,
     InvalidOverride,
+    InvalidTimeout,
     KeyReused,
     ModelFailed,
     ModelTimeout,
@@ -98,7 +99,7 @@ from serve.schemas import (
 )
 from serve.shadow import Shadow
 from serve.telemetry import Telemetry
-from serve.variants import check_labels
+from serve.variants import Encoded, check_labels
 from serve.webhooks import sender_from
 
 log = logging.getLogger("canary.gateway")
@@ -192,7 +193,11 @@ class _Exchange:
     obs: Observation
     slot: Slot
     start: float  # perf_counter when the request arrived
-    admitted: float  # perf_counter when it got its slot
+    timeout_s: float  # its own (X-Request-Timeout-Ms) or the server's request timeout
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.timeout_s
 
 
 @serve.deployment(name="gateway")
@@ -204,6 +209,7 @@ class Gateway(DashboardRoutes):
     ):
         self.settings = settings
         self.ramp_controller = ramp_controller  # bound here so the application includes it
+        baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
         self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
         check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
@@ -224,12 +230,8 @@ class Gateway(DashboardRoutes):
         self.observer = Observer(self.telemetry)
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings)
-        self.admission = AdaptiveLimit(
-            floor=min(settings.gateway_min_in_flight, settings.gateway_max_in_flight),
-            ceiling=settings.gateway_max_in_flight,
-            target_s=settings.gateway_queue_target_ms / 1000,
-            enabled=settings.gateway_adaptive_admission,
-        )
+        self.admission = Admission(ceiling=settings.gateway_max_in_flight,
+                                   batch_rows=settings.max_batch_size)
         self.shed_summary = ShedSummary(self.admission, log.warning)
         # serve.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, self.admission, self._shed_at_the_door)
@@ -258,7 +260,8 @@ class Gateway(DashboardRoutes):
             return None
         return {arm: Coalescer(functools.partial(self._send, arm),
                                calls=settings.gateway_coalesce_calls,
-                               max_items=settings.max_batch_size)
+                               max_items=settings.max_batch_size,
+                               hold_s=settings.batch_wait_ms / 1000)
                 for arm in self.handles}
 
     def _heartbeat(self) -> None:
@@ -305,7 +308,7 @@ class Gateway(DashboardRoutes):
             telemetry.shutdown()
 
     def _shed_at_the_door(self, latency_ms: float) -> None:
-        """A request serve.ingress shed (the admission saturated): counted, nothing else."""
+        """A request serve.ingress shed (serve.admission's `door`): counted, nothing else."""
         self.admission.shed += 1
         self.shed_summary.shed()
         self.observer.shed(latency_ms)
@@ -317,28 +320,40 @@ class Gateway(DashboardRoutes):
 
     @api.post("/v1/predict", response_model=PredictResponse, openapi_extra=PREDICT_OPENAPI,
               responses={200: {"headers": PREDICT_HEADERS}, **openapi_errors(
-                  InvalidOverride, OverrideNotAllowed, BodyTimeout, KeyReused, InProgress,
+                  InvalidOverride, InvalidTimeout, OverrideNotAllowed, BodyTimeout, KeyReused,
+                  InProgress,
                   InputTooLarge, InvalidInput, Overloaded, ModelFailed, ModelTimeout)})
     async def predict(self, request: Request) -> JSONResponse:
-        """The body first (received by serve.ingress under `body_timeout_s`, outside any
-        in-flight bound), then admission: past the adaptive limit (serve.admission, at most
-        `gateway_max_in_flight`) a request waits for a slot at most `gateway_queue_target_ms`,
-        then is shed with 503 + Retry-After."""
+        """The request's deadline (`X-Request-Timeout-Ms`, capped at `request_timeout_s`) and
+        its body (received by serve.ingress under `body_timeout_s`, outside any in-flight
+        bound), then a slot under the memory cap (`gateway_max_in_flight`; 503 + Retry-After
+        past it). Once its arm is known, it is refused only if it would be answered after its
+        deadline (serve.admission)."""
         start = time.perf_counter()
         rid, incoming = _ids(request)
         obs = self.observer.start(rid, request.headers)
         try:
+            timeout_s = self._timeout(request)
             body = await self._read_body(request)
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
             return to_response(exc, rid, incoming)
-        async with self.admission.admitted() as slot:
+        with self.admission.admitted() as slot:
             if slot is None:
                 obs.finish(503, error_type=Overloaded.type)
                 return to_response(Overloaded("the gateway is at capacity; retry later"), rid,
                                    incoming)
-            exchange = _Exchange(rid, incoming, obs, slot, start, time.perf_counter())
+            exchange = _Exchange(rid, incoming, obs, slot, start, timeout_s)
             return await self._predict(request, body, exchange)
+
+    def _timeout(self, request: Request) -> float:
+        """The request's timeout in seconds: `X-Request-Timeout-Ms`, capped at the server's
+        `request_timeout_s`, or that (400 for a header that is not a positive integer)."""
+        try:
+            return requested_timeout_s(request.headers.get(TIMEOUT_HEADER),
+                                       self.settings.request_timeout_s)
+        except ValueError as exc:
+            raise InvalidTimeout(str(exc)) from None
 
     async def _predict(self, request: Request, body: bytes, ex: _Exchange) -> JSONResponse:
         """An admitted request, one step each: check an override header against the operator
@@ -400,21 +415,20 @@ class Gateway(DashboardRoutes):
 
     async def _call_arm(self, arm: Arm, texts: list[str], task: str,
                         ex: _Exchange) -> tuple[ModelAnswer, bool]:
-        """The arm's answer within the request's deadline (`request_timeout_s` from its
-        arrival), and whether it came from the baseline fallback."""
-        deadline = ex.start + self.settings.request_timeout_s
+        """The arm's answer within the request's deadline, and whether it came from the
+        baseline fallback; refused at once (503) when the arm would answer after the deadline
+        (serve.admission)."""
+        refusal = self.admission.judge(arm.value, len(texts), ex.deadline - time.perf_counter())
+        if refusal is not None:
+            self.shed_summary.shed()
+            raise Overloaded(refusal.message(arm.value), retry_after=refusal.retry_after)
         inputs = await self.preprocess.encode(texts)
-        return await self._call_with_fallback(ex.obs, arm, inputs, task, deadline, ex.rid)
+        return await self._call_with_fallback(ex, arm, inputs, task)
 
     def _respond(self, answer: ModelAnswer, fallback: bool, routing: str, task: str,
                  ex: _Exchange) -> tuple[JSONResponse, dict]:
         """The 200 response (and the record an Idempotency-Key stores to replay it); what the
         request saw goes to the admission and the observation."""
-        if fallback:
-            ex.slot.overloaded()
-        else:
-            ex.slot.answered(time.perf_counter() - ex.admitted, answer.timing.model / 1000,
-                             self.admission.target_s)
         total_ms = (time.perf_counter() - ex.start) * 1000
         timing = answer.timing.as_dict()
         timing["gateway"] = max(total_ms - sum(timing.values()), 0.0)
@@ -437,11 +451,8 @@ class Gateway(DashboardRoutes):
         return JSONResponse(body, headers=headers), stored
 
     def _failed(self, exc: GatewayError, ex: _Exchange) -> JSONResponse:
-        """A domain error as the client's response; a deadline missed or a full model queue
-        also tells the admission."""
+        """A domain error as the client's response."""
         ex.obs.finish(exc.status, error_type=exc.type)
-        if isinstance(exc, (ModelTimeout, Overloaded)):
-            ex.slot.overloaded()
         return to_response(exc, ex.rid, ex.incoming)
 
     @staticmethod
@@ -484,17 +495,17 @@ class Gateway(DashboardRoutes):
         return body
 
     async def _call_with_fallback(
-        self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float, rid: str
+        self, ex: _Exchange, arm: Arm, texts: list[str], task: str
     ) -> tuple[ModelAnswer, bool]:
         """A failed canary call is retried once on baseline, within the deadline and within the
         retry budget (rollout.budget); a baseline failure is never retried on the canary."""
-        first_deadline = deadline
+        first_deadline, rid = ex.deadline, ex.rid
         if arm is Arm.OPTIMIZED:  # leave the baseline retry its share of the deadline
-            share = self.settings.request_timeout_s * self.settings.canary_timeout_fraction
-            first_deadline = min(deadline, time.perf_counter() + share)
+            share = ex.timeout_s * self.settings.canary_timeout_fraction
+            first_deadline = min(ex.deadline, time.perf_counter() + share)
             self.retry_budget.record_call()
         try:
-            return await self._call(obs, arm, texts, task, first_deadline), False
+            return await self._call(ex, arm, texts, task, first_deadline), False
         except (ModelFailed, ModelTimeout, Overloaded) as exc:
             if arm is not Arm.OPTIMIZED:
                 raise
@@ -504,19 +515,23 @@ class Gateway(DashboardRoutes):
                 raise ModelFailed(f"{exc.message} (no retry: the retry budget is spent)") from None
             log.warning("request %s: optimized arm failed (%s), retrying on baseline",
                         rid, exc.type)
-        return await self._call(obs, Arm.BASELINE, texts, task, deadline), True
+        return await self._call(ex, Arm.BASELINE, texts, task, ex.deadline), True
 
     async def _call(
-        self, obs: Observation, arm: Arm, texts: list[str], task: str, deadline: float
+        self, ex: _Exchange, arm: Arm, texts: list[str], task: str, deadline: float
     ) -> ModelAnswer:
+        """One call of `arm`, its rows counted on the arm's queue while it runs
+        (serve.admission)."""
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             raise ModelTimeout(f"no time left for the {arm.value} model within the deadline")
-        with obs.call(arm.value) as call:
+        rows = len(texts.ids) if isinstance(texts, Encoded) else len(texts)
+        with ex.obs.call(arm.value) as call, ex.slot.counted(arm.value, rows):
             if self.coalescers is None:
                 result = await self._remote(arm, texts, task, remaining, call.carrier)
             else:
                 result = await self._coalesced(arm, texts, task, remaining, call.carrier)
+            ex.slot.answered(result.timing.model / 1000, result.batch.items)
             call.answered(result)
             return result
 

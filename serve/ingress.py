@@ -11,12 +11,13 @@ request handling, in the gateway replica's HTTP server (direct ingress) and in S
   `body_timeout_s` after the headers, a client that went away mid-body, a full pool and a body
   over the size limit are handed on as what they are (`BODY_PROBLEM` in the ASGI scope), so the
   gateway answers them (408, 499, 503, 413) and records them like any other request.
-- **Shedding at the door.** When the gateway's admission (serve.admission) is saturated, a
-  prediction request is answered 503 + Retry-After here, without Serve's request handling, the
-  web framework or per-request telemetry: under a flood of requests the CPU goes to the
-  admitted ones. Saturated on arrival, its body is not even read (the answer closes the
-  connection); saturated once the body is in, the connection is kept. It is counted in the
-  gateway's metrics.
+- **Shedding at the door.** When the gateway's admission (serve.admission `door`) says a
+  prediction request cannot be answered within its deadline (`X-Request-Timeout-Ms` or the
+  server's) whatever its arm, or the memory cap is reached, it is answered 503 + Retry-After
+  here, without Serve's request handling, the web framework or per-request telemetry: under a
+  flood of requests the CPU goes to the admitted ones. Refused on arrival, its body is not even
+  read (the answer closes the connection); refused once the body is in, the connection is kept.
+  It is counted in the gateway's metrics. A malformed header is left to the gateway (400).
 - **Request ids.** Serve echoes the incoming `X-Request-ID` as it came. A malformed one
   (over 128 characters, spaces, control or markup characters) is replaced here by a fresh id
   before Serve sees it, so every layer echoes the one validated id and nothing raw.
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 from starlette.middleware import Middleware
 
 from rollout.settings import Settings
+from serve.admission import TIMEOUT_HEADER, requested_timeout_s
 from serve.errors import Overloaded, error_response
 from serve.schemas import max_body_bytes, request_id_from
 
@@ -71,7 +73,7 @@ def sanitize_request_id(scope: Scope) -> None:
 
 
 class Admission(Protocol):
-    def saturated(self) -> bool: ...
+    def door(self, timeout_s: float) -> int | None: ...
 
 
 @dataclass
@@ -120,10 +122,11 @@ class BodyGate:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        if self._saturated(scope):  # shed before reading a body nobody will use
-            await self._shed(scope, receive, send, started, close=True)
-            return
         settings = self.settings
+        retry_after = self._door(scope, settings)
+        if retry_after is not None:  # shed before reading a body nobody will use
+            await self._shed(scope, receive, send, started, retry_after, close=True)
+            return
         if self.uploading >= settings.gateway_max_uploading:
             body, problem = b"", BUSY
         else:
@@ -134,8 +137,9 @@ class BodyGate:
             finally:
                 self.uploading -= 1
         if problem is None:
-            if self._saturated(scope):
-                await self._shed(scope, receive, send, started, close=False)
+            retry_after = self._door(scope, settings)
+            if retry_after is not None:
+                await self._shed(scope, receive, send, started, retry_after, close=False)
                 return
             scope[BODY] = body
         else:
@@ -143,18 +147,28 @@ class BodyGate:
         await self.app(scope, _replay(body, receive), send)
 
     @staticmethod
-    def _saturated(scope: Scope) -> bool:
+    def _door(scope: Scope, settings: Settings) -> int | None:
+        """A Retry-After when the gateway's admission refuses this prediction request before
+        its arm is known (serve.admission `door`), else None."""
         admission = _gateway.admission
-        return (admission is not None and scope.get("path") == SHED_PATH
-                and admission.saturated())
+        if admission is None or scope.get("path") != SHED_PATH:
+            return None
+        sent = [v for n, v in scope.get("headers") or [] if n == TIMEOUT_HEADER.encode()]
+        try:
+            timeout_s = requested_timeout_s(sent[0].decode("latin-1") if sent else None,
+                                            settings.request_timeout_s)
+        except ValueError:  # the gateway answers 400 for it
+            return None
+        return admission.door(timeout_s)
 
     @staticmethod
-    async def _shed(scope: Scope, receive: Receive, send: Send, started: float, *,
-                    close: bool) -> None:
+    async def _shed(scope: Scope, receive: Receive, send: Send, started: float,
+                    retry_after: int, *, close: bool) -> None:
         sent = [v for n, v in scope.get("headers") or [] if n == b"x-request-id"]
         request_id = sent[0].decode("latin-1") if sent else uuid.uuid4().hex
-        response = error_response(503, Overloaded.type, "the gateway is at capacity; retry later",
-                                  request_id, retry_after=Overloaded.retry_after)
+        response = error_response(503, Overloaded.type, "the gateway cannot answer this request "
+                                  "within its deadline; retry later", request_id,
+                                  retry_after=retry_after)
         if close:  # its body was not read: the connection cannot carry another request
             response.headers["Connection"] = "close"
         await response(scope, receive, send)

@@ -319,9 +319,12 @@ class ModelServer:
         self._forward_started = forward_start
         self._forward_estimate_s = self._s_per_token * tokens
         deadlines = [item.deadline for item in queued]
+        forward_s = self._forward_estimate_s
 
         def expired(request: int) -> bool:
-            return deadlines[request] is not None and time.time() >= deadlines[request]
+            """Nobody will wait for its answer: its deadline passes before this forward
+            would end (a forward that ends after it is work thrown away)."""
+            return deadlines[request] is not None and time.time() + forward_s >= deadlines[request]
 
         try:
             rows = await loop.run_in_executor(

@@ -117,8 +117,7 @@ def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
     expire while queued: the replica drops them instead of forwarding them, and they get 504."""
     from ray import serve
 
-    gw.redeploy({"baseline": {"fault_delay_ms": 1500, "max_batch_size": 4}},
-                gateway_adaptive_admission=False)
+    gw.redeploy({"baseline": {"fault_delay_ms": 1500, "max_batch_size": 4}})
     model = serve.get_deployment_handle("baseline", app_name="canary")
     before = model.info.remote().result()["expired"]
     with ThreadPoolExecutor(24) as pool:
@@ -132,31 +131,68 @@ def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
     assert expired >= 1
 
 
-def test_adaptive_admission_sheds_at_once_what_it_cannot_serve_in_time(gw):
-    """Each baseline batch takes 300 ms: of 40 concurrent requests, those past the adaptive
-    limit are shed with 503 + Retry-After within about one forward (the wait for a slot
-    follows the forwards, serve.admission), the rest are answered; the limit (shown by
-    GET /v1/rollout) stays within its bounds."""
-    gw.redeploy({"baseline": {"fault_delay_ms": 300}}, gateway_adaptive_admission=True)
-    admission = gw.served_state()["admission"]
-    assert admission["adaptive"] is True and admission["limit"] == gw.settings.gateway_min_in_flight
+def test_a_request_is_refused_at_once_only_when_it_would_miss_its_own_deadline(gw):
+    """Each baseline batch takes 300 ms. With `X-Request-Timeout-Ms: 1000`, of 40 concurrent
+    requests those that would be answered after a second are refused at once with 503 and a
+    Retry-After (serve.admission); without the header (the server's 5 s) the same 40 are all
+    answered: a bounded queue is not refused. A malformed header is a 400 naming it."""
+    gw.redeploy({"baseline": {"fault_delay_ms": 300}})
+    for i in range(3):  # the arm's rate, measured
+        assert gw.predict([f"warm {i}"]).status_code == 200
+    arms = gw.served_state()["admission"]["arms"]
+    assert arms["baseline"]["rate_per_s"] > 0 and arms["baseline"]["rows"] == 0
 
-    def timed(i):
+    def timed(i, **headers):
         started = time.monotonic()
-        response = gw.predict([f"flood {i}"])
+        response = gw.predict([f"flood {i}"], **headers)
         return response, time.monotonic() - started
 
     with ThreadPoolExecutor(40) as pool:
-        results = list(pool.map(timed, range(40)))
-    statuses = [r.status_code for r, _ in results]
-    assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses
-    for response, elapsed in results:
+        short = list(pool.map(lambda i: timed(i, **{"X-Request-Timeout-Ms": "1000"}),
+                              range(40)))
+    statuses = [r.status_code for r, _ in short]
+    assert set(statuses) <= {200, 503, 504} and 200 in statuses and 503 in statuses
+    for response, elapsed in short:
         if response.status_code == 503:
-            assert response.headers["retry-after"] == "1"
+            assert int(response.headers["retry-after"]) >= 1
             assert response.json()["error"]["type"] == "overloaded"
-            assert elapsed < 2.0  # shed after at most about one forward, not after the backlog
+            assert elapsed < 1.0  # refused at once, not after waiting
+        elif response.status_code == 200:
+            assert elapsed < 2.0
+    with ThreadPoolExecutor(40) as pool:
+        bounded = list(pool.map(timed, range(40)))
+    assert [r.status_code for r, _ in bounded] == [200] * 40, (
+        [(r.status_code, r.headers.get("retry-after"), round(t, 2)) for r, t in bounded
+         if r.status_code != 200],
+        gw.served_state()["admission"])
+    bad = gw.predict(["x"], **{"X-Request-Timeout-Ms": "soon"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_timeout"
+    assert "X-Request-Timeout-Ms" in bad.json()["error"]["message"]
     admission = gw.served_state()["admission"]
-    assert admission["shed"] >= statuses.count(503)  # shed by this replica's admission
-    assert (gw.settings.gateway_min_in_flight <= admission["limit"]
-            <= gw.settings.gateway_max_in_flight)
-    assert admission["in_flight"] == 0 and admission["waiting"] == 0
+    assert admission["shed"] >= statuses.count(503)
+    assert admission["in_flight"] == 0 and admission["arms"]["baseline"]["rows"] == 0
+
+
+def test_clients_that_send_and_close_free_their_places_at_once(gw):
+    """300 clients send a request and close their socket at once (baseline batches slowed to
+    200 ms, so their work would queue for seconds): the next 20 normal requests, with a 2 s
+    deadline, are all answered, and nothing stays counted for the clients that left."""
+    gw.redeploy({"baseline": {"fault_delay_ms": 200}})
+    assert gw.predict(["warm"]).status_code == 200
+    body = b'{"inputs": ["gone"]}'
+    request = (b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    for _ in range(300):
+        with socket.create_connection(_address(gw), timeout=5) as sock:
+            sock.sendall(request)
+    time.sleep(0.5)  # the gateway hears of the disconnects
+    with ThreadPoolExecutor(4) as pool:
+        after = list(pool.map(
+            lambda i: gw.predict([f"after {i}"], **{"X-Request-Timeout-Ms": "2000"}),
+            range(20)))
+    assert [r.status_code for r in after] == [200] * 20
+    deadline = time.monotonic() + 5
+    while (admission := gw.served_state()["admission"])["in_flight"]:
+        assert time.monotonic() < deadline, admission
+        time.sleep(0.1)
+    assert admission["arms"]["baseline"]["rows"] == 0

@@ -203,3 +203,62 @@ def test_limits_and_the_carried_failure_cross_processes():
     failed = pickle.loads(pickle.dumps(CallFailed("OutOfMemoryError", "too big")))
     assert (failed.kind, failed.message) == ("OutOfMemoryError", "too big")
     assert str(failed) == "OutOfMemoryError: too big"
+
+
+def test_a_freed_slot_waits_for_the_clients_of_the_call_that_ended_so_batches_fill():
+    """A closed loop: the call of 7 ends while 1 request waits; the freed slot is held until
+    the 7 are back (not sent with the 1 alone), then all 8 go in one call."""
+    async def main():
+        send = ScriptedSend()
+        c = Coalescer(send, calls=1, max_items=16, hold_s=1.0)
+        first = [asyncio.create_task(c.call(f"a{i}", timeout=5)) for i in range(7)]
+        await _settle()  # "a0" alone (the slot was free), a1..a6 wait
+        send.answer(0)
+        await _settle()  # a1..a6 go together
+        late = asyncio.create_task(c.call("late", timeout=5))
+        await _settle()
+        send.answer(1)
+        await _settle()
+        assert len(send.calls) == 2  # held: only "late" waits, 6 are expected back
+        again = [asyncio.create_task(c.call(f"b{i}", timeout=5)) for i in range(6)]
+        await _settle()
+        assert [len(items) for items, _ in send.calls] == [1, 6, 7]
+        send.answer(2)
+        await asyncio.gather(*first, late, *again)
+
+    _run(main())
+
+
+def test_the_hold_ends_after_hold_s_and_a_lone_client_is_never_held():
+    async def main():
+        send = ScriptedSend()
+        c = Coalescer(send, calls=1, max_items=16, hold_s=0.05)
+        pair = [asyncio.create_task(c.call(x, timeout=5)) for x in ("x", "y")]
+        await _settle()
+        send.answer(0)
+        await _settle()
+        send.answer(1)  # a call of 1 ("y") ends: nobody is expected back for it
+        await asyncio.gather(*pair)
+        lone = asyncio.create_task(c.call("z", timeout=5))
+        await _settle()
+        assert [items for items, _ in send.calls][-1] == ["z"]  # sent at once
+        send.answer(2)
+        await lone
+        # a call of 2 ends with nobody waiting: one request alone is held at most hold_s
+        three = [asyncio.create_task(c.call(x, timeout=5)) for x in ("o", "p", "q")]
+        await _settle()
+        send.answer(3)
+        await _settle()
+        assert send.calls[-1][0] == ["p", "q"]
+        send.answer(4)
+        await asyncio.gather(*three)
+        straggler = asyncio.create_task(c.call("s", timeout=5))
+        await _settle()
+        sent = len(send.calls)
+        assert sent == 5  # x, y, z, o, [p, q]: "s" is held
+        await asyncio.sleep(0.08)
+        assert len(send.calls) == sent + 1 and send.calls[-1][0] == ["s"]
+        send.answer(len(send.calls) - 1)
+        await straggler
+
+    _run(main())

@@ -163,11 +163,16 @@ def test_the_proxy_callback_gives_the_gate():
 
 
 class Saturated:
-    def __init__(self, saturated: bool):
-        self.value = saturated
+    """An admission whose door refuses (with this Retry-After) or not; records the timeouts it
+    was asked about."""
 
-    def saturated(self) -> bool:
-        return self.value
+    def __init__(self, saturated: bool, retry_after: int = 1):
+        self.value, self.retry_after = saturated, retry_after
+        self.asked: list[float] = []
+
+    def door(self, timeout_s: float) -> int | None:
+        self.asked.append(timeout_s)
+        return self.retry_after if self.value else None
 
 
 def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeypatch):
@@ -214,9 +219,9 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
         def __init__(self):
             self.calls = 0
 
-        def saturated(self) -> bool:
+        def door(self, timeout_s: float) -> int | None:
             self.calls += 1
-            return self.calls > 1  # free on arrival, saturated once the body is in
+            return 1 if self.calls > 1 else None  # free on arrival, refused once the body is in
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     ingress.configure(settings(), Becomes(), lambda ms: None)
@@ -228,3 +233,30 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
     asyncio.run(BodyGate(app)(scope(), client(b"{}"), send))
     headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
     assert app.calls == [] and sent[0]["status"] == 503 and "connection" not in headers
+
+
+def test_the_door_judges_the_requests_own_timeout_and_sends_its_retry_after(monkeypatch):
+    from serve import ingress
+
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    door = Saturated(True, retry_after=3)
+    ingress.configure(settings(), door, lambda ms: None)
+    app, sent = App(), []
+
+    async def send(message):
+        sent.append(message)
+
+    s = scope(headers=[(b"x-request-timeout-ms", b"250")])
+    asyncio.run(BodyGate(app)(s, client(b"{}"), send))
+    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    assert door.asked == [0.25] and headers["retry-after"] == "3"
+
+    # over the server's timeout: capped; malformed: left to the gateway (400), not shed here
+    door.asked.clear()
+    asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"99999999")]),
+                              client(b"{}"), send))
+    assert door.asked == [settings().request_timeout_s]
+    door.asked.clear()
+    asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"-5")]),
+                              client(b"{}"), send))
+    assert door.asked == [] and len(app.calls) == 1
