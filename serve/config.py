@@ -4,14 +4,25 @@
 command line (none are needed), which override the environment's settings, e.g.
 `serve run serve.config:app max_batch_size=32`. Reading settings here, not at import, keeps the
 environment out of import time.
+
+`app` also gives a `serve run` started by hand the serving path of `ops/run.sh`: Ray's
+environment for the gateway (serve.ray_env: throughput mode, direct ingress, the ingress
+middleware, OpenMP's wait policy), each as a default that a value already in the environment
+overrides. `serve run` calls `app` before it starts Ray, and the Ray it starts inherits them.
+When Ray is already up, or `serve run` joins a cluster started elsewhere (`--address`,
+`RAY_ADDRESS`, or a local `ray start` cluster it finds), that cluster keeps the environment it
+was started with; each gateway replica then warns at start of what is missing
+(`serve.ray_env.warn_missing`).
 """
 
 from __future__ import annotations
 
+import ray
 from ray.serve import Application
 
 from rollout.flips import FlipCapture
 from rollout.settings import Settings
+from serve import ray_env
 from serve.controller import RampControllerDeployment
 from serve.gateway import Gateway
 from serve.model import ModelServer
@@ -56,4 +67,6 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
 
 
 def app(args: dict[str, str]) -> Application:
+    if not ray.is_initialized():  # else the cluster's environment is set already
+        ray_env.apply()
     return build(Settings(**args))

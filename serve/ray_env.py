@@ -24,6 +24,12 @@ Serve's defaults.
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
 6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
 
+`serve run serve.config:app` started by hand gets them too: `serve.config.app` sets them (the
+same way, `apply`) before `serve run` starts a local Ray. A cluster started elsewhere (`ray
+start`, then `serve run` or `serve deploy` joins it) runs with the environment it was started
+with: each gateway replica says at start which of them are not in effect and what that costs
+(`missing`, `serving_path`).
+
 `python -m serve.ray_env` prints them as shell `export` lines (what `ops/run.sh` evaluates);
 `--reap` stops HAProxy processes that a killed cluster left behind.
 """
@@ -37,8 +43,12 @@ import shlex
 import signal
 import socket
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 RAY_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -60,6 +70,24 @@ RAY_ENV = {
 }
 
 
+# What running without each of `RAY_ENV` costs, said at a gateway replica's start (`missing`).
+# Left out: the draining period (without it a replica going away drains for 30 s, not 2 s).
+COSTS = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "Serve's throughput mode is off (user code on a thread of "
+    "its own, a hop per request; the models called over Ray actor calls, not gRPC): with "
+    "direct ingress, it cuts the gateway replica's CPU per request from 6.6-6.8 ms to 3.9-4.5 ms",
+    "RAY_SERVE_ENABLE_HA_PROXY": "Direct ingress is off (Serve's Python proxy relays every "
+    "request over a Ray call): ~4 ms more per request, and with throughput mode it cuts the "
+    "gateway replica's CPU per request from 6.6-6.8 ms to 3.9-4.5 ms",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "The gateway's ingress middleware "
+    "(serve.ingress) is not installed: a slow client's body is received while its request holds "
+    "a Serve slot and an in-flight slot, overload is not shed at the door, and a malformed "
+    "X-Request-ID is echoed as sent",
+    "OMP_WAIT_POLICY": "Idle OpenMP threads in the model replicas spin, taking cores from the "
+    "gateway, HAProxy and the other arm: at twice capacity on the 2-core reference machine, "
+    "goodput fell to 15 req/s, against 111 req/s with PASSIVE",
+}
+
 # HAProxy's own pages, on all interfaces at fixed ports (Ray's defaults: 9101 and 8404)
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT")
 
@@ -76,6 +104,50 @@ def apply(environ: MutableMapping[str, str] = os.environ, *, throwaway: bool = F
         for name in HAPROXY_PORTS:
             environ[name] = str(free_port())
     return {name: environ[name] for name in (*RAY_ENV, *HAPROXY_PORTS) if name in environ}
+
+
+def missing(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Each of `COSTS` whose value in `environ` is not `RAY_ENV`'s, as (variable, what its
+    absence costs). Read in a Ray process, `environ` is the environment its cluster started
+    with, which is what Ray read."""
+    return [(name, cost) for name, cost in COSTS.items()
+            if environ.get(name, "").strip().casefold() != RAY_ENV[name].casefold()]
+
+
+def warn_missing(warn: Callable[[str], object],
+                 environ: Mapping[str, str] = os.environ) -> None:
+    """Warns once per piece of the serving path that this process's cluster runs without
+    (`missing`): the variable, its value, the cost and the fix."""
+    for name, cost in missing(environ):
+        warn(f"serving path: this Ray cluster runs with {name}="
+             f"{environ.get(name, '<unset>')}, not {RAY_ENV[name]}. {cost}. Unless that is "
+             f"meant, start the cluster with {name}={RAY_ENV[name]} in its environment (what "
+             "ops/run.sh exports from `python -m serve.ray_env`)")
+
+
+def cluster_transport(handle: DeploymentHandle) -> DeploymentHandle:
+    """A handle to `handle`'s deployment made in this process, so calling over the transport
+    this process's Ray Serve picks: gRPC when its cluster runs in throughput mode, Ray actor
+    calls otherwise.
+
+    A handle bound as an argument comes with the transport of the process that built the
+    application. `serve run` imports Ray Serve before it calls `serve.config.app`, so the
+    defaults `app` sets come too late for that choice: without this a gateway started by hand
+    would call its models over Ray actor calls while its cluster runs in throughput mode."""
+    from ray.serve.handle import DeploymentHandle  # here: `python -m serve.ray_env` needs no Ray
+
+    if not isinstance(handle, DeploymentHandle):  # anything else (a test double) is kept
+        return handle
+    return DeploymentHandle(handle.deployment_name, handle.app_name)
+
+
+def serving_path(warn: Callable[[str], object], *handles: DeploymentHandle
+                 ) -> tuple[DeploymentHandle, ...]:
+    """At a gateway replica's start: warns of each piece of the serving path its cluster runs
+    without (`warn_missing`) and returns `handles` on the cluster's transport
+    (`cluster_transport`)."""
+    warn_missing(warn)
+    return tuple(cluster_transport(handle) for handle in handles)
 
 
 def free_port() -> int:

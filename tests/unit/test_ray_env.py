@@ -1,8 +1,11 @@
 """Ray's environment for the gateway (serve.ray_env): defaults, the operator's values winning,
-throwaway clusters, and finding HAProxy processes a killed cluster left behind."""
+throwaway clusters, what a cluster without them lacks and costs, the gateway's handles on the
+cluster's transport, and finding HAProxy processes a killed cluster left behind."""
 
 import subprocess
 import sys
+
+from ray.serve.handle import DeploymentHandle
 
 from serve import ray_env
 
@@ -64,3 +67,63 @@ def test_reap_without_orphans_says_nothing_and_succeeds():
     done = subprocess.run([sys.executable, "-m", "serve.ray_env", "--reap"],
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == ""
+
+
+def test_missing_names_each_piece_of_the_serving_path_the_environment_lacks_and_its_cost():
+    assert ray_env.missing(ray_env.RAY_ENV) == []
+    assert ray_env.missing({**ray_env.RAY_ENV, "OMP_WAIT_POLICY": "passive"}) == []  # OpenMP's case
+    env = {**ray_env.RAY_ENV, "RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    del env["OMP_WAIT_POLICY"]
+    got = ray_env.missing(env)
+    assert [name for name, _ in got] == ["RAY_SERVE_ENABLE_HA_PROXY", "OMP_WAIT_POLICY"]
+    assert "~4 ms" in got[0][1] and "15 req/s" in got[1][1]
+    assert [name for name, _ in ray_env.missing({})] == [
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY",
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "OMP_WAIT_POLICY"]
+    # the draining period only changes how long a replica going away drains
+    assert ray_env.missing({**ray_env.RAY_ENV,
+                            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "30"}) == []
+
+
+def test_a_warning_per_missing_piece_says_the_value_the_cost_and_the_fix():
+    said: list[str] = []
+    ray_env.warn_missing(said.append, {**ray_env.RAY_ENV, "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0",
+                                       "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": ""})
+    assert len(said) == 2
+    assert "RAY_SERVE_THROUGHPUT_OPTIMIZED=0, not 1" in said[0] and "3.9-4.5 ms" in said[0]
+    assert "start the cluster with RAY_SERVE_THROUGHPUT_OPTIMIZED=1" in said[0]
+    assert "serve.ingress" in said[1] and "shed at the door" in said[1]
+    said.clear()
+    ray_env.warn_missing(said.append, ray_env.RAY_ENV)
+    assert said == []
+
+
+def test_bound_handles_take_the_transport_of_the_process_that_runs_them():
+    from ray.serve._private.handle_options import DynamicHandleOptions
+
+    built_elsewhere = DeploymentHandle(
+        "baseline", app_name="default",
+        handle_options=DynamicHandleOptions(_by_reference=not _grpc_here()))
+    handle = ray_env.cluster_transport(built_elsewhere)
+    assert handle.handle_options._by_reference is not _grpc_here()
+    assert (handle.deployment_name, handle.app_name) == ("baseline", "default")
+    assert handle.handle_options == DynamicHandleOptions()  # nothing else set
+    assert not handle.is_initialized  # no router yet: Ray is not started here
+
+
+def _grpc_here() -> bool:
+    """Whether Ray Serve in this process calls deployments over gRPC (throughput mode)."""
+    from ray.serve._private import constants
+
+    return constants.RAY_SERVE_USE_GRPC_BY_DEFAULT
+
+
+def test_a_gateway_starts_on_the_clusters_path_and_says_what_it_lacks(monkeypatch):
+    for name, value in ray_env.RAY_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    said: list[str] = []
+    handles = ray_env.serving_path(said.append, DeploymentHandle("baseline", app_name="a"),
+                                   DeploymentHandle("optimized", app_name="a"))
+    assert [h.deployment_name for h in handles] == ["baseline", "optimized"]
+    assert len(said) == 1 and "OMP_WAIT_POLICY=<unset>, not PASSIVE" in said[0]
