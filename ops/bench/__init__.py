@@ -1,6 +1,7 @@
 """`python -m ops.bench`: the in-process pipeline and the gateway end to end, side by side.
 
 Modules: `pipeline` (in process), `endtoend` (closed-loop HTTP load, `Server-Timing`),
-`target` (local app or URL, forcing an arm through the audited path), `report` (derived
-figures, JSON / markdown / PNG), `__main__` (the command).
+`target` (local app or URL, forcing an arm through the audited path, the order of the cells),
+`plain` (a plain Ray Serve deployment of the same model, for `--plain`), `anchor` (gateway ÷
+plain per cell), `report` (derived figures, JSON / markdown / PNG), `__main__` (the command).
 """

@@ -4,6 +4,7 @@ gateway end to end per arm and concurrency, side by side in one run.
     python -m ops.bench                                  # local app, default model
     python -m ops.bench --seconds 3 --set max_batch_size=32 --out bench-results
     python -m ops.bench --url http://127.0.0.1:8000 --yes   # a running gateway (loopback only)
+    python -m ops.bench --plain --inputs-per-request 1,8  # against plain Ray Serve, 2 sizes
 
 Without `--url` it starts the application itself on a local Ray Serve (the settings of the
 environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis unless
@@ -11,6 +12,11 @@ environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis
 100 % through the audited path (actor `bench`) and restored afterwards; with `--url` that
 changes a running gateway's rollout state, hence `--yes`. The in-process part runs first, in
 this process, with the same settings, texts and machine.
+
+`--plain` also measures a plain Ray Serve deployment of the same model (ops.bench.plain:
+`@serve.batch`, fp32, all cores) beside the local app, in the same Ray instance, with the same
+load generator, cell by cell (the plain deployment, then each arm), and prints gateway ÷ plain
+per request size, concurrency and arm, with each side's refused share (ops.bench.anchor).
 
 Writes bench.json, bench.md and bench.png into `--out`, prints the markdown table and names
 the bottleneck stage. Exit codes: 0 done, 1 some requests failed (see `failed`), 2 bad input or
@@ -26,6 +32,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops.bench import endtoend, pipeline, report, target
@@ -79,14 +86,19 @@ def parser() -> argparse.ArgumentParser:
                    help="gateway concurrency levels (default 1,8,32,64)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level")
-    p.add_argument("--inputs-per-request", type=int, default=1,
-                   help="texts in each gateway request (default 1)")
+    p.add_argument("--inputs-per-request", type=_ints, default=[1],
+                   help="texts in each gateway request, or a comma list to sweep, e.g. 1,8 "
+                   "(default 1; the per-arm figures use the first)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request")
     p.add_argument("--arms", default="baseline,optimized", help="arms to measure, in order")
     p.add_argument("--p99-bound-ms", type=float,
                    help="bound of the speedup at equal p99 (default: baseline p99 at saturation)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process part")
     p.add_argument("--no-gateway", action="store_true", help="skip the end-to-end part")
+    p.add_argument("--plain", action="store_true",
+                   help="also measure a plain Ray Serve deployment of the same model, in the "
+                   "same run with the same load generator, and print gateway ÷ plain per cell "
+                   "(local app only)")
     p.add_argument("--out", default="bench-results", help="folder for bench.json/.md/.png")
     p.add_argument("--no-chart", action="store_true", help="no PNG (matplotlib not needed)")
     p.add_argument("--render", metavar="JSON", help="measure nothing: write bench.md and "
@@ -96,9 +108,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _checked(args, p: argparse.ArgumentParser) -> None:
-    if args.inputs < 1 or args.rounds < 1 or args.inputs_per_request < 1 or (
-            args.threads is not None and args.threads < 1):
-        p.error("--inputs, --rounds, --threads and --inputs-per-request must be >= 1")
+    if args.inputs < 1 or args.rounds < 1 or (args.threads is not None and args.threads < 1):
+        p.error("--inputs, --rounds and --threads must be >= 1")
     if args.seconds <= 0 or args.warmup < 0 or args.timeout <= 0:
         p.error("--seconds and --timeout must be positive, --warmup not negative")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -107,6 +118,8 @@ def _checked(args, p: argparse.ArgumentParser) -> None:
     args.arms = arms
     if args.url and not args.yes and not args.no_gateway:
         p.error("--url changes that gateway's rollout state (restored afterwards): pass --yes")
+    if args.plain and (args.url or args.no_gateway):
+        p.error("--plain deploys beside the local app: drop --url and --no-gateway")
 
 
 def _settings(args):
@@ -171,7 +184,9 @@ def run(args, say) -> dict:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "hardware": _hardware(), "torch": torch.__version__,
         "model": settings.model_path or "all-MiniLM-L6-v2 (packaged)",
-        "inputs": len(texts), "inputs_per_request": args.inputs_per_request, "task": args.task,
+        "inputs": len(texts), "inputs_per_request": args.inputs_per_request[0],
+        "request_sizes": args.inputs_per_request, "task": args.task,
+        "plain": _plain_meta() if args.plain else None,
         "max_batch_size": settings.max_batch_size, "batch_wait_ms": settings.batch_wait_ms,
         "replica_threads": settings.threads_per_model(), "inprocess_threads": None,
         "mode": "url" if url else "local app",
@@ -193,12 +208,25 @@ def run(args, say) -> dict:
         del variants
         gc.collect()
     if not args.no_gateway:
-        result["gateway"], result["memory"]["serve"] = _gateway(args, settings, url, texts, say)
+        measured = _gateway(args, settings, url, texts, say)
+        result["gateway"], result["memory"]["serve"] = measured.arms, measured.memory
+        if args.plain:
+            result["plain"] = measured.plain
     result["summary"] = report.derive(result, p99_bound_ms=args.p99_bound_ms)
     return result
 
 
-def _gateway(args, settings, url, texts, say):
+@dataclass
+class Measured:
+    """The end-to-end part: levels per arm and of the plain deployment, and the peak RSS (MiB)
+    of the serve processes."""
+
+    arms: dict[str, list[dict]]
+    plain: list[dict] = field(default_factory=list)
+    memory: dict[str, float] = field(default_factory=dict)
+
+
+def _gateway(args, settings, url, texts, say) -> Measured:
     if url:
         return _levels(args, settings, url, texts, say)
     with target.redis_for(settings.redis_url if (args.redis_url or os.environ.get("REDIS_URL"))
@@ -206,41 +234,66 @@ def _gateway(args, settings, url, texts, say):
         local = settings.model_copy(update={"redis_url": redis_url})
         say("starting the local app (Ray Serve)")
         with target.local_app(local) as local_url:
-            return _levels(args, local, local_url, texts, say, app=target.APP)
+            if not args.plain:
+                return _levels(args, local, local_url, texts, say, app=target.APP)
+            from ops.bench import plain
+
+            say("deploying plain Ray Serve beside it")
+            with plain.deployed(local, local_url) as plain_url:
+                return _levels(args, local, local_url, texts, say, app=target.APP,
+                               plain_url=plain_url)
 
 
-def _levels(args, settings, url, texts, say, app=None):
+def _levels(args, settings, url, texts, say, app=None, plain_url=None) -> Measured:
+    """Every cell in `target.order`, arms forced through the audited path and restored."""
     switch = target.ArmSwitch(settings, url)
-    found: dict[str, list[dict]] = {}
-    memory: dict[str, float] = {}
+    measured = Measured({arm: [] for arm in args.arms})
+    steps = target.order(args.arms, args.inputs_per_request, args.concurrency,
+                         plain=plain_url is not None)
     try:
-        for arm in args.arms:
-            switch.force(arm)
-            found[arm] = []
-            for c in args.concurrency:
-                used, began = target.replica_cpu_s(app), time.monotonic()
-                client = time.process_time()  # the load generator: this process
-                level = endtoend.load(url, texts, c, seconds=args.seconds, warmup=args.warmup,
-                                      per_request=args.inputs_per_request, task=args.task,
-                                      timeout=args.timeout)
-                spent, elapsed = target.replica_cpu_s(app), time.monotonic() - began
-                # CPU per second of load (warm-up included) / requests per second measured
-                level["cpu_ms_per_request"] = {
-                    name: round((spent[name] - used.get(name, 0.0)) / elapsed * 1000
-                                / level["rps"], 3)
-                    for name in spent if level["rps"]}
-                if level["rps"]:
-                    level["client_cpu_ms_per_request"] = round(
-                        (time.process_time() - client) / elapsed * 1000 / level["rps"], 3)
-                found[arm].append(level)
-                say(f"gateway {arm} c={c}: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, "
-                    f"p99 {level['p99_ms']} ms, answered by {level['arms']}, "
-                    f"failed {level['failed']}")
-            for name, mib in target.process_memory(app).items():
-                memory[name] = max(mib, memory.get(name, 0.0))
+        for who, size, c in steps:
+            if who == target.PLAIN:
+                level = _cell(args, plain_url, texts, c, size, target.PLAIN)
+                measured.plain.append(level)
+            else:
+                switch.force(who)
+                level = _cell(args, url, texts, c, size, app)
+                measured.arms[who].append(level)
+            say(f"{who if who == target.PLAIN else f'gateway {who}'} c={c}, {size} text(s) "
+                f"per request: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, p99 "
+                f"{level['p99_ms']} ms, answered by {level['arms']}, failed {level['failed']} "
+                f"of {level['sent']}")
+            for name in (app, target.PLAIN) if plain_url else (app,):
+                for process, mib in target.process_memory(name).items():
+                    measured.memory[process] = max(mib, measured.memory.get(process, 0.0))
     finally:
         switch.restore()
-    return found, memory
+    return measured
+
+
+def _cell(args, url: str, texts: list[str], concurrency: int, size: int,
+          app: str | None) -> dict:
+    """One level on `url`, with the CPU per answered request of `app`'s replicas and of this
+    process (the load generator)."""
+    used, began = target.replica_cpu_s(app), time.monotonic()
+    client = time.process_time()
+    level = endtoend.load(url, texts, concurrency, seconds=args.seconds, warmup=args.warmup,
+                          per_request=size, task=args.task, timeout=args.timeout)
+    spent, elapsed = target.replica_cpu_s(app), time.monotonic() - began
+    # CPU per second of load (warm-up included) / requests per second measured
+    level["cpu_ms_per_request"] = {
+        name: round((spent[name] - used.get(name, 0.0)) / elapsed * 1000 / level["rps"], 3)
+        for name in spent if level["rps"]}
+    if level["rps"]:
+        level["client_cpu_ms_per_request"] = round(
+            (time.process_time() - client) / elapsed * 1000 / level["rps"], 3)
+    return level
+
+
+def _plain_meta() -> dict:
+    from ops.bench.plain import RECIPE, ROUTE
+
+    return {"recipe": RECIPE, "threads": os.cpu_count(), "route": ROUTE}
 
 
 def _load(path: str) -> dict:
@@ -280,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write_json(result, out / "bench.json")
     table = report.markdown(result)
     (out / "bench.md").write_text(table)
-    if not args.no_chart and result.get("gateway"):
+    if not args.no_chart and (result.get("gateway") or result.get("plain")):
         report.chart(result, out / "bench.png")
     print(table)
     for arm, s in result["summary"]["arms"].items():
@@ -289,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arm}: bottleneck at saturation is `{neck['stage']}` "
                   f"({neck['per_request_ms']} ms per request; queue p50 {neck['queue_p50_ms']} ms)")
     say(f"wrote {out}/bench.json, bench.md" + ("" if args.no_chart else ", bench.png"))
-    failed = any(lv["failed"] for levels in (result.get("gateway") or {}).values()
-                 for lv in levels)
+    failed = any(lv["failed"] for levels in [*(result.get("gateway") or {}).values(),
+                                             result.get("plain") or []] for lv in levels)
     return 1 if failed else 0
 
 

@@ -10,10 +10,12 @@ Throughput counts answered 200s over the measured window only. A worker whose re
 would measure the cost of refusing requests (the gateway sheds what would queue past its
 target, serve.admission), not the goodput it serves.
 
-Per level it reports requests and inputs per second, p50 / p95 / p99 client latency
-(nearest rank), the mean of each `Server-Timing` stage, the distribution of batch sizes (in
-requests) the answers rode in, queue wait p50 / p99, and `http_ms`: client latency minus the
-gateway's `total` (proxy, HTTP and the client itself).
+Per level it reports the requests sent in the measured window (each ends as a 200 or as one
+of the failures, so `failed` / `sent` is the exact share not answered), requests and inputs per
+second, p50 / p95 / p99 client latency (nearest rank), the mean of each `Server-Timing` stage,
+the distribution of batch sizes (in requests) the answers rode in, queue wait p50 / p99, and
+`http_ms`: client latency minus the gateway's `total` (proxy, HTTP and the client itself). The
+same generator drives the plain Ray Serve deployment of `--plain` (no `Server-Timing` there).
 """
 
 from __future__ import annotations
@@ -76,16 +78,20 @@ async def _level(url: str, texts: list[str], concurrency: int, seconds: float, w
                  per_request: int, task: str, timeout: float) -> dict:
     samples: list[tuple[float, dict[str, float], int | None, str]] = []
     failures: Counter[str] = Counter()
+    sent_in_window = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     start = time.monotonic()
     measure_from, stop = start + warmup, start + warmup + seconds
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
 
         async def worker(w: int) -> None:
+            nonlocal sent_in_window
             i = w
             while (sent := time.monotonic()) < stop:
                 inputs = [texts[(i + k) % len(texts)] for k in range(per_request)]
                 i += concurrency
+                if sent >= measure_from:
+                    sent_in_window += 1
                 try:
                     response = await client.post(
                         "/v1/predict", json={"inputs": inputs, "task": task},
@@ -108,11 +114,13 @@ async def _level(url: str, texts: list[str], concurrency: int, seconds: float, w
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
     window = max(time.monotonic() - measure_from, 1e-9)
     return summarize(samples, failures, concurrency=concurrency, window=window,
-                     per_request=per_request)
+                     per_request=per_request, sent=sent_in_window)
 
 
 def summarize(samples, failures: Counter, *, concurrency: int, window: float,
-              per_request: int) -> dict:
+              per_request: int, sent: int | None = None) -> dict:
+    """One level's figures (module docstring). `sent`: requests sent in the measured window;
+    by default every answer and failure (each sent request ends as exactly one)."""
     latencies = [s[0] for s in samples]
     stage_means = {name: statistics.fmean(s[1][name] for s in samples if name in s[1])
                    for name in STAGES if any(name in s[1] for s in samples)}
@@ -124,8 +132,10 @@ def summarize(samples, failures: Counter, *, concurrency: int, window: float,
         return round(percentile(values, q), 3) if values else None
 
     return {
-        "concurrency": concurrency, "seconds": round(window, 3), "ok": len(samples),
-        "failed": dict(failures), "arms": dict(Counter(s[3] for s in samples)),
+        "concurrency": concurrency, "inputs_per_request": per_request,
+        "seconds": round(window, 3), "ok": len(samples),
+        "sent": len(samples) + sum(failures.values()) if sent is None else sent,
+        "failed": dict(failures), "arms": dict(Counter(s[3] for s in samples if s[3])),
         "rps": len(samples) / window, "inputs_per_s": len(samples) * per_request / window,
         "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95), "p99_ms": pct(latencies, 99),
         "stages_ms": {k: round(v, 3) for k, v in stage_means.items()},

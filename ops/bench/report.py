@@ -15,7 +15,12 @@ Derived figures (per arm unless said otherwise):
 - *speedup* (optimized / baseline): in process per batch size (the whole pipeline, and the
   forward alone: on a GPU the tokenizer dominates the pipeline), at saturation, and at the same
   p99 bound (the best throughput of each arm over the levels whose p99 is within the bound;
-  the bound defaults to the baseline's p99 at its saturation).
+  the bound defaults to the baseline's p99 at its saturation);
+- *gateway ÷ plain* per request size, concurrency and arm, with each side's refused share, when
+  the run also measured a plain Ray Serve deployment of the same model (ops.bench.anchor).
+
+A run that sweeps request sizes (`--inputs-per-request 1,8`) derives the per-arm figures above
+from its first size, the one `meta.inputs_per_request` names; the tables show every size.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ops.bench import anchor
+
 ARMS = ("baseline", "optimized")
+PLAIN = "plain"  # the plain deployment's rows in the tables
 
 
 def _ratio(a, b):
@@ -57,12 +65,18 @@ def bottleneck(level: dict) -> dict:
     return {"stage": stage, "per_request_ms": cost, "queue_p50_ms": level["queue_p50_ms"]}
 
 
+def _sized(levels: list[dict], size: int) -> list[dict]:
+    """The levels of request size `size` (a level without one has the run's first size)."""
+    return [lv for lv in levels if anchor.cell(lv, size)[0] == size]
+
+
 def derive(result: dict, *, p99_bound_ms: float | None = None) -> dict:
     """The summary of a result (see the module docstring); missing parts give None."""
     inproc = result.get("inprocess") or []
-    gateway = result.get("gateway") or {}
     meta = result["meta"]
     per_request, max_batch = meta["inputs_per_request"], meta["max_batch_size"]
+    gateway = {arm: _sized(levels, per_request)
+               for arm, levels in (result.get("gateway") or {}).items()}
     summary: dict = {"arms": {}, "speedup": {}}
     for arm in ARMS:
         rows = [r for r in inproc if r["arm"] == arm]
@@ -99,6 +113,7 @@ def derive(result: dict, *, p99_bound_ms: float | None = None) -> dict:
         best = {arm: _best_under([lv for lv in gateway[arm] if lv["ok"]], bound) for arm in ARMS}
         summary["speedup"]["at_p99_bound"] = {
             "bound_ms": bound, **best, "ratio": _ratio(best["optimized"], best["baseline"])}
+    summary["versus_plain"] = anchor.compare(result)
     return summary
 
 
@@ -110,93 +125,192 @@ def _f(value, digits=1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def _pct(value) -> str:
+    return "–" if value is None else f"{value * 100:.1f} %"
+
+
+def _times(value) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _sizes(meta: dict) -> list[int]:
+    return meta.get("request_sizes") or [meta["inputs_per_request"]]
+
+
+def _size_cell(meta: dict, level: dict) -> str:
+    """The request-size cell of a detail row: only in a run that swept sizes."""
+    if len(_sizes(meta)) < 2:
+        return ""
+    return f" {anchor.cell(level, meta['inputs_per_request'])[0]} |"
+
+
+def _end_to_end(result: dict) -> list[tuple[str, dict]]:
+    """(arm or PLAIN, level) of every end-to-end level: each arm's, then the plain ones."""
+    return ([(arm, lv) for arm, levels in (result.get("gateway") or {}).items() for lv in levels]
+            + [(PLAIN, lv) for lv in result.get("plain") or []])
+
+
 def markdown(result: dict) -> str:
-    meta, summary = result["meta"], result["summary"]
-    out = [f"Run {meta['date']} on {meta['hardware']}; model `{meta['model']}`, "
-           f"{meta['inputs_per_request']} input(s) per request, max_batch_size "
-           f"{meta['max_batch_size']}, batch_wait_ms {meta['batch_wait_ms']}, torch threads "
-           f"{meta['replica_threads']} per model replica and {meta['inprocess_threads']} in "
-           f"process; settings {meta['settings'] or 'default'}; Ray environment "
-           f"{_ray_env(meta)}.", ""]
-    if result.get("inprocess"):
-        out += ["In process (tokenize + forward + postprocess, no server):", "",
-                "| arm | recipe | batch | inputs/s | p50 ms / batch | tokenize ms | forward ms "
-                "| postprocess ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in result["inprocess"]:
-            s = r["stages_ms"]
-            out.append(f"| {r['arm']} | {r['recipe']} | {r['batch']} | {_f(r['throughput'])} | "
-                       f"{_f(r['p50_ms'], 2)} | {_f(s['preprocess'], 2)} | {_f(s['model'], 2)} | "
-                       f"{_f(s['postprocess'], 2)} |")
-        out.append("")
-    if result.get("gateway"):
-        out += ["Gateway end to end (closed loop over loopback HTTP; stage means from "
-                "`Server-Timing`):", "",
-                "| arm | conc. | req/s | inputs/s | p50 ms | p95 ms | p99 ms | preprocess | queue "
-                "| model | postprocess | gateway | http | mean batch | queue p99 | failed |",
-                "| --- " * 16 + "|"]
-        for arm, levels in result["gateway"].items():
-            for lv in levels:
-                s = lv["stages_ms"]
-                out.append(
-                    f"| {arm} | {lv['concurrency']} | {_f(lv['rps'])} | {_f(lv['inputs_per_s'])} "
-                    f"| {_f(lv['p50_ms'])} | {_f(lv['p95_ms'])} | {_f(lv['p99_ms'])} | "
-                    + " | ".join(_f(s.get(k), 2) for k in ("preprocess", "queue", "model",
-                                                           "postprocess", "gateway"))
-                    + f" | {_f(lv['http_ms'], 2)} | {_f(lv['mean_batch'], 2)} | "
-                    f"{_f(lv['queue_p99_ms'])} | {sum(lv['failed'].values())} |")
-        out.append("")
-    out += ["| arm | efficiency | added latency at c=1 | saturation | bottleneck |",
-            "| --- | --- | --- | --- | --- |"]
-    for arm, s in summary["arms"].items():
+    """The report: every table of the run, the comparison with plain Ray Serve last."""
+    out = _header(result["meta"])
+    for part in (_inprocess_table, _end_to_end_table, _summary_table, _speedup_line,
+                 _cpu_table, _memory_line, _versus_plain_table):
+        out += part(result)
+    return "\n".join(out) + "\n"
+
+
+def _header(meta: dict) -> list[str]:
+    sizes = _sizes(meta)
+    per_request = (f"{sizes[0]} input(s) per request" if len(sizes) < 2 else
+                   f"{', '.join(map(str, sizes))} inputs per request (the per-arm figures: "
+                   f"{sizes[0]})")
+    return [f"Run {meta['date']} on {meta['hardware']}; model `{meta['model']}`, "
+            f"{per_request}, max_batch_size "
+            f"{meta['max_batch_size']}, batch_wait_ms {meta['batch_wait_ms']}, torch threads "
+            f"{meta['replica_threads']} per model replica and {meta['inprocess_threads']} in "
+            f"process; settings {meta['settings'] or 'default'}; Ray environment "
+            f"{_ray_env(meta)}.", ""]
+
+
+def _inprocess_table(result: dict) -> list[str]:
+    if not result.get("inprocess"):
+        return []
+    out = ["In process (tokenize + forward + postprocess, no server):", "",
+           "| arm | recipe | batch | inputs/s | p50 ms / batch | tokenize ms | forward ms "
+           "| postprocess ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["inprocess"]:
+        s = r["stages_ms"]
+        out.append(f"| {r['arm']} | {r['recipe']} | {r['batch']} | {_f(r['throughput'])} | "
+                   f"{_f(r['p50_ms'], 2)} | {_f(s['preprocess'], 2)} | {_f(s['model'], 2)} | "
+                   f"{_f(s['postprocess'], 2)} |")
+    return [*out, ""]
+
+
+def _end_to_end_table(result: dict) -> list[str]:
+    rows, meta = _end_to_end(result), result["meta"]
+    if not rows:
+        return []
+    swept = len(_sizes(meta)) > 1
+    out = ["Gateway end to end (closed loop over loopback HTTP; stage means from "
+           "`Server-Timing`" + ("; `plain`: plain Ray Serve, no `Server-Timing`" if
+                                result.get("plain") else "") + "):", "",
+           "| arm | conc. |" + (" texts/req |" if swept else "") + " req/s | inputs/s | p50 ms "
+           "| p95 ms | p99 ms | preprocess | queue | model | postprocess | gateway | http "
+           "| mean batch | queue p99 | failed |",
+           "| --- " * (16 + swept) + "|"]
+    for who, lv in rows:
+        s = lv["stages_ms"]
+        out.append(
+            f"| {who} | {lv['concurrency']} |{_size_cell(meta, lv)} {_f(lv['rps'])} | "
+            f"{_f(lv['inputs_per_s'])} | {_f(lv['p50_ms'])} | {_f(lv['p95_ms'])} | "
+            f"{_f(lv['p99_ms'])} | "
+            + " | ".join(_f(s.get(k), 2) for k in ("preprocess", "queue", "model",
+                                                   "postprocess", "gateway"))
+            + f" | {_f(lv['http_ms'], 2)} | {_f(lv['mean_batch'], 2)} | "
+            f"{_f(lv['queue_p99_ms'])} | {sum(lv['failed'].values())} |")
+    return [*out, ""]
+
+
+def _summary_table(result: dict) -> list[str]:
+    out = ["| arm | efficiency | added latency at c=1 | saturation | bottleneck |",
+           "| --- | --- | --- | --- | --- |"]
+    for arm, s in result["summary"]["arms"].items():
         sat, neck = s["saturation"], s["bottleneck"]
         out.append(
             f"| {arm} | {_f(s['efficiency'], 2)} | {_f(s['added_latency_ms'], 2)} ms | "
             + (f"{_f(sat['inputs_per_s'])} inputs/s at c={sat['concurrency']}" if sat else "–")
             + " | " + (f"{neck['stage']} ({_f(neck['per_request_ms'][neck['stage']], 2)} ms of "
                        f"each request)" if neck and neck["stage"] else "–") + " |")
-    speed = summary["speedup"]
-    out += ["", "Optimized / baseline: in process "
+    return out
+
+
+def _speedup_line(result: dict) -> list[str]:
+    speed = result["summary"]["speedup"]
+    line = ("Optimized / baseline: in process "
             + ", ".join(f"batch {b}: {_f(v, 2)}×" for b, v in speed["inprocess"].items())
             + " (forward alone: "
-            + ", ".join(f"{_f(v, 2)}×" for v in speed.get("forward", {}).values()) + ")"]
+            + ", ".join(f"{_f(v, 2)}×" for v in speed.get("forward", {}).values()) + ")")
     if "saturation" in speed:
         bound = speed["at_p99_bound"]
-        out[-1] += (f"; end to end at saturation {_f(speed['saturation'], 2)}×, at p99 ≤ "
-                    f"{_f(bound['bound_ms'])} ms {_f(bound['ratio'], 2)}×.")
-    cpu = [(arm, lv) for arm, levels in (result.get("gateway") or {}).items() for lv in levels
-           if lv.get("cpu_ms_per_request")]
-    if cpu:
-        names = sorted({n for _, lv in cpu for n in lv["cpu_ms_per_request"]})
-        out += ["", "CPU per answered request (ms; replicas from /proc, local app only; the "
-                "load generator is the benchmark process, on the same cores; the proxy is not "
-                "included):", "",
-                "| arm | conc. | " + " | ".join(names) + " | load generator |",
-                "| --- " * (len(names) + 3) + "|"]
-        out += [f"| {arm} | {lv['concurrency']} | "
-                + " | ".join(_f(lv["cpu_ms_per_request"].get(n), 2) for n in names)
-                + f" | {_f(lv.get('client_cpu_ms_per_request'), 2)} |"
-                for arm, lv in cpu]
+        line += (f"; end to end at saturation {_f(speed['saturation'], 2)}×, at p99 ≤ "
+                 f"{_f(bound['bound_ms'])} ms {_f(bound['ratio'], 2)}×.")
+    return ["", line]
+
+
+def _cpu_table(result: dict) -> list[str]:
+    meta = result["meta"]
+    cpu = [(who, lv) for who, lv in _end_to_end(result) if lv.get("cpu_ms_per_request")]
+    if not cpu:
+        return []
+    swept = len(_sizes(meta)) > 1
+    names = sorted({n for _, lv in cpu for n in lv["cpu_ms_per_request"]})
+    return ["", "CPU per answered request (ms; replicas from /proc, local app only; the "
+            "load generator is the benchmark process, on the same cores; the proxy is not "
+            "included):", "",
+            "| arm | conc. |" + (" texts/req |" if swept else "") + " " + " | ".join(names)
+            + " | load generator |",
+            "| --- " * (len(names) + 3 + swept) + "|"] + [
+        f"| {who} | {lv['concurrency']} |{_size_cell(meta, lv)} "
+        + " | ".join(_f(lv["cpu_ms_per_request"].get(n), 2) for n in names)
+        + f" | {_f(lv.get('client_cpu_ms_per_request'), 2)} |"
+        for who, lv in cpu]
+
+
+def _memory_line(result: dict) -> list[str]:
     mem = result.get("memory", {})
-    if mem:
-        out += ["", "Memory: bench process (in-process models) "
-                f"{_f(mem.get('bench_process_mib'))} MiB RSS; GPU peak "
-                f"{_f(mem.get('gpu_peak_mib'))} MiB; serve processes (MiB RSS): "
-                + ", ".join(f"{k} {v}" for k, v in sorted(mem.get("serve", {}).items()))]
-    return "\n".join(out) + "\n"
+    if not mem:
+        return []
+    return ["", "Memory: bench process (in-process models) "
+            f"{_f(mem.get('bench_process_mib'))} MiB RSS; GPU peak "
+            f"{_f(mem.get('gpu_peak_mib'))} MiB; serve processes (MiB RSS): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(mem.get("serve", {}).items()))]
+
+
+def _versus_plain_table(result: dict) -> list[str]:
+    """Gateway ÷ plain Ray Serve per cell (ops.bench.anchor)."""
+    rows = result["summary"].get("versus_plain") or []
+    if not rows:
+        return []
+    arms = [arm for arm in ARMS if any(arm in row["arms"] for row in rows)]
+    plain = result["meta"].get("plain") or {}
+    head = (["request size", "conc.", "plain texts/s", "plain refused"]
+            + [f"{arm} texts/s" for arm in arms] + [f"{arm} refused" for arm in arms]
+            + [f"{arm} ÷ plain" for arm in arms])
+    out = ["", f"Gateway ÷ plain Ray Serve: the same model ({plain.get('recipe', 'fp32')}, "
+           f"`@serve.batch`, {plain.get('threads', 'all')} torch threads) in the same run with "
+           "the same load generator; texts/s answered 200; refused: not answered 200 / sent:",
+           "", "| " + " | ".join(head) + " |", "| --- " * len(head) + "|"]
+    for row in rows:
+        sides = [row["arms"].get(arm, {}) for arm in arms]
+        out.append(
+            f"| {row['inputs_per_request']} | {row['concurrency']} | "
+            f"{_f(row['plain']['inputs_per_s'])} | {_pct(row['plain']['refused_share'])} | "
+            + " | ".join([_f(side.get("inputs_per_s")) for side in sides]
+                         + [_pct(side.get("refused_share")) for side in sides]
+                         + [_times(side.get("ratio")) for side in sides]) + " |")
+    if any(side["inputs_per_s"] is None for row in rows
+           for side in (row["plain"], *row["arms"].values())):
+        out += ["", "–: nothing sent in the measured window (each request took longer): "
+                "lengthen --seconds."]
+    return out
 
 
 def chart(result: dict, path: Path) -> None:
-    """Latency (p50 solid, p99 dashed) against inputs/s per arm, one point per concurrency; the
-    in-process best throughput of each arm as a dotted vertical line."""
+    """Latency (p50 solid, p99 dashed) against inputs/s per arm (and plain Ray Serve when
+    measured), one point per concurrency, at the run's first request size; the in-process best
+    throughput of each arm as a dotted vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=90)
-    colors = {"baseline": "tab:blue", "optimized": "tab:orange"}
-    for arm, levels in (result.get("gateway") or {}).items():
-        levels = [lv for lv in levels if lv["ok"]]
+    colors = {"baseline": "tab:blue", "optimized": "tab:orange", PLAIN: "tab:gray"}
+    size = result["meta"]["inputs_per_request"]
+    curves = {**(result.get("gateway") or {}), **({PLAIN: result["plain"]}
+                                                  if result.get("plain") else {})}
+    for arm, levels in curves.items():
+        levels = [lv for lv in _sized(levels, size) if lv["ok"]]
         x = [lv["inputs_per_s"] for lv in levels]
         ax.plot(x, [lv["p50_ms"] for lv in levels], "o-", color=colors[arm], label=f"{arm} p50")
         ax.plot(x, [lv["p99_ms"] for lv in levels], "s--", color=colors[arm], label=f"{arm} p99")

@@ -1,5 +1,6 @@
 """What the end-to-end part drives: a gateway given by URL, or a local app this process starts,
-and the arm every request goes to.
+the arm every request goes to, and the order of the cells (`order`: with `--plain`, each cell
+also on a plain Ray Serve deployment of the same model, ops.bench.plain).
 
 Arms are forced through the audited path (actor `bench`): the canary share is set to 0 % for
 `baseline` or 100 % for `optimized` with the kill switch off, the gateway's cached state is
@@ -26,6 +27,22 @@ from serve.ray_env import free_port
 ACTOR = "bench"
 APP = "bench"  # the local app's Serve application name
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PLAIN = "plain"  # the plain Ray Serve deployment (ops.bench.plain) as a step's target
+
+
+def order(arms: list[str], sizes: list[int], concurrency: list[int], *, plain: bool = False
+          ) -> list[tuple[str, int, int]]:
+    """The cells to measure, in order, as (target, texts per request, concurrency); a target is
+    an arm or `PLAIN`.
+
+    Without the plain deployment: arm by arm, so an arm is forced once (few audited changes
+    on a gateway given by URL). With it: cell by cell, the plain deployment first, then each
+    arm, so whatever else loads a shared machine meanwhile falls on both sides of each ratio
+    alike; an arm is then forced in every cell."""
+    cells = [(size, c) for size in sizes for c in concurrency]
+    if not plain:
+        return [(arm, size, c) for arm in arms for size, c in cells]
+    return [(who, size, c) for size, c in cells for who in (PLAIN, *arms)]
 
 
 def loopback_url(url: str) -> str:
@@ -149,7 +166,6 @@ def process_memory(app: str | None) -> dict[str, float]:
         if value is not None:
             found[f"{name}[{pid}]"] = round(value, 1)
     return found
-
 
 
 def replica_cpu_s(app: str | None) -> dict[str, float]:
