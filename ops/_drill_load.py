@@ -250,7 +250,7 @@ class Sender:
     """
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, connections: int = 256,
-                 path: str = "/v1/predict"):
+                 path: str = "/v1/predict", headers: dict[str, str] | None = None):
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"bad url {url!r}: give http://HOST:PORT")
@@ -259,7 +259,11 @@ class Sender:
         self.host, self.port = parts.hostname, parts.port or 80
         self.timeout_s, self.connections = timeout_s, connections
         self.stats = SenderStats()
-        self._fixed = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        headers = headers or {}
+        if any(c in f"{name}{value}" for name, value in headers.items() for c in "\r\n"):
+            raise ValueError(f"a header cannot hold a line break: {headers!r}")
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        self._fixed = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{extra}"
                        "Content-Type: application/json\r\nContent-Length: ").encode()
         self._heads: dict[int, bytes] = {}
         self._idle: list[_Conn] = []
@@ -273,8 +277,8 @@ class Sender:
         return stats
 
     def request(self, body: bytes, key: str) -> bytes:
-        """The request's bytes: method line, Host, Content-Type, Content-Length, X-Routing-Key,
-        then the body."""
+        """The request's bytes: method line, Host, the `headers` given, Content-Type,
+        Content-Length, X-Routing-Key, then the body."""
         head = self._heads.get(len(body))
         if head is None:
             if len(self._heads) >= 1024:

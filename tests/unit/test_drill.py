@@ -156,7 +156,7 @@ def test_every_scenario_has_help_and_the_global_options_survive_the_subcommand(c
     assert args.url == drill.DEFAULT_URL and args.json is True and args.times == 5
     slow = parser.parse_args(["slow-bodies"])
     assert (slow.clients, slow.duration, slow.body_timeout) == (150, 30.0, 5.0)
-    assert parser.parse_args(["overload"]).factors == [2.0, 5.0, 10.0]
+    assert parser.parse_args(["overload"]).factors == [2.0, 5.0]
 
 
 def test_a_remote_url_is_refused_before_anything_is_sent(capsys):
@@ -568,6 +568,35 @@ def test_raw_client_to_a_closed_port_gets_no_answer():
 def test_raw_client_refuses_a_line_break_in_the_routing_key():
     with pytest.raises(ValueError, match="line break"):
         Sender("http://127.0.0.1:9").request(b"{}", "a\r\nX-Evil: 1")
+
+
+def test_raw_client_sends_the_headers_it_was_given_on_every_request():
+    sender = Sender("http://127.0.0.1:9", headers={"X-Request-Timeout-Ms": "1000"})
+    request = sender.request(b"{}", "k")
+    head = request.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+    assert b"X-Request-Timeout-Ms: 1000" in head and b"X-Routing-Key: k" in head
+    with pytest.raises(ValueError, match="line break"):
+        Sender("http://127.0.0.1:9", headers={"X-A": "1\r\nX-Evil: 1"})
+
+
+def test_overload_goals_follow_the_factor_and_the_deadline():
+    from ops._drill_overload import deadline_goals
+
+    figures = {"sent": 1000, "ok_per_s": 70.0, "p99_ms": 900.0,
+               "counts": {"lost": 0, "other": 0}, "statuses": {"200": 700, "503": 290,
+                                                                "504": 10}}
+    at_2x = {g.name: g.passed for g in deadline_goals("2x: ", figures, 100.0, 2.0, 1000, 1.0)}
+    assert at_2x == {"2x: goodput / capacity": False, "2x: p99 of 200s": True,
+                     "2x: 504s / sent": True, "2x: lost (no answer)": True,
+                     "2x: answered other than 200/503/504": True,
+                     "2x: recovery to < 200 ms": True}
+    at_5x = {g.name: g.passed for g in deadline_goals("5x: ", figures, 100.0, 5.0, 800, 1.0)}
+    assert at_5x["5x: goodput / capacity"] and not at_5x["5x: p99 of 200s"]
+    figures["statuses"]["504"] = 11
+    assert not {g.name: g.passed for g in deadline_goals("", figures, 100.0, 2.0, 0, 1.0)}[
+        "504s / sent"]
+    no_deadline = [g.name for g in deadline_goals("", figures, 100.0, 2.0, 0, 1.0)]
+    assert "p99 of 200s" not in no_deadline
 
 
 def test_response_heads():
