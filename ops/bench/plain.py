@@ -4,12 +4,13 @@
 Written as a competent Ray Serve user serves one model over HTTP, with nothing of the gateway
 (no routing, no admission, no rollout state, no second arm):
 
-- **One deployment, `@serve.batch` over requests.** Each call of the batched method is one HTTP
-  request's texts; a batch closes at `max_batch_size` requests or after `batch_wait_ms`, its
-  texts are tokenized in one call, forwarded at once and split back per request. The gateway's
-  model replica counts `max_batch_size` in requests too: batching single texts instead would cap
-  a batch of 8-text requests at two requests, and the two sides would differ in what the
-  setting means rather than in what serving costs.
+- **One deployment, `@serve.batch` over texts**, as Serve's batching guide shows it: each text
+  of a request is one call of the batched method (a request's texts are awaited together); a
+  batch closes at `max_batch_size` texts or after `batch_wait_ms`, is tokenized in one call
+  and forwarded at once, padded to its longest text. Batching whole requests instead pads a
+  batch of sixteen 8-text requests, 128 texts, to the longest of them: on the shipped
+  workload (one text of 256 tokens, most under 40) that measured 4.8 texts/s at concurrency
+  64 against 113 through the gateway, an anchor no user would pick.
 - **The same model, fp32, all cores.** The project's own `Variant` of the baseline's weights
   under fp32 (a plain user's default, whatever `baseline_recipe` says), so both sides give the
   same answers; one padded forward per batch, without the gateway's length packing.
@@ -104,20 +105,18 @@ class PlainModel:
                 raise BadRequest("this model is a classifier: it has no `embed` task")
         except BadRequest as exc:
             return JSONResponse({"detail": str(exc)}, status_code=422)
-        return JSONResponse({"outputs": await self.predict((texts, task))})
+        outputs = await asyncio.gather(*(self.predict((text, task)) for text in texts))
+        return JSONResponse({"outputs": outputs})
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def predict(self, requests: list[tuple[list[str], str]]) -> list[list[dict]]:
-        """One forward of every text of the batch's requests, in the worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._infer,
-                                                                requests)
+    async def predict(self, items: list[tuple[str, str]]) -> list[dict]:
+        """One forward of the batch's texts, in the worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._infer, items)
 
-    def _infer(self, requests: list[tuple[list[str], str]]) -> list[list[dict]]:
-        texts = [text for request, _ in requests for text in request]
-        rows = self.variant.forward_rows(self.variant.encode(texts).ids)
-        parts = rows.split([len(request) for request, _ in requests])
-        return [self.variant.postprocess(task, part)
-                for (_, task), part in zip(requests, parts, strict=True)]
+    def _infer(self, items: list[tuple[str, str]]) -> list[dict]:
+        rows = self.variant.forward_rows(self.variant.encode([text for text, _ in items]).ids)
+        return [self.variant.postprocess(task, row.unsqueeze(0))[0]
+                for (_, task), row in zip(items, rows, strict=True)]
 
 
 def app(settings: Settings) -> Application:

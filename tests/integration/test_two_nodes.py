@@ -370,7 +370,7 @@ def test_throughput_through_both_ingresses_against_the_guide(two_nodes):
           f"{answered / elapsed:.1f} req/s; CPU {os.uname().machine}, flags include "
           f"{' '.join(simd)}")
     assert answered > 0
-    # at saturation adaptive admission sheds with an explicit 503; nothing else fails
+    # past the memory cap or a deadline admission refuses with an explicit 503; nothing else fails
     assert {status for _, status in counts} <= {200, 503}, counts
 
 

@@ -159,7 +159,7 @@ def test_the_plain_endpoint_takes_the_gateways_body():
     assert plain.parse_body(b'{"inputs": ["a"]}', "classify") == (["a"], "classify")
 
 
-def test_a_plain_batch_answers_each_request_as_the_baseline_variant_does(tmp_path):
+def test_a_plain_batch_answers_each_text_as_the_baseline_variant_does(tmp_path):
     from ops.bench import plain
     from rollout.settings import Settings
     from serve.variants import Variant
@@ -168,15 +168,15 @@ def test_a_plain_batch_answers_each_request_as_the_baseline_variant_does(tmp_pat
     settings = Settings(model_path=str(make_tiny_encoder(tmp_path / "enc")))
     server = object.__new__(plain.PlainModel.func_or_class)  # outside Serve: no __init__
     server.variant = Variant(settings, "baseline", recipe=plain.RECIPE)
-    requests = [(["a short text", "and a much longer one about sports and politics"],
-                 "classify"), (["one more"], "embed")]
-    answers = server._infer(requests)
-    assert [len(a) for a in answers] == [2, 1]
-    for (texts, task), answer in zip(requests, answers, strict=True):
-        alone = server.variant.postprocess(task, server.variant.rows(texts))
+    items = [("a short text", "classify"),
+             ("and a much longer one about sports and politics", "classify"),
+             ("one more", "embed")]
+    answers = server._infer(items)  # one batch of three texts, padded together
+    assert len(answers) == 3
+    for (text, task), got in zip(items, answers, strict=True):
+        (alone,) = server.variant.postprocess(task, server.variant.rows([text]))
         if task == "classify":
-            assert [a["label"] for a in answer] == [a["label"] for a in alone]
-            for got, want in zip(answer, alone, strict=True):
-                assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
+            assert got["label"] == alone["label"]
+            assert got["scores"] == pytest.approx(alone["scores"], abs=1e-4)
         else:
-            assert answer[0]["embedding"] == pytest.approx(alone[0]["embedding"], abs=1e-4)
+            assert got["embedding"] == pytest.approx(alone["embedding"], abs=1e-4)
