@@ -12,7 +12,9 @@ from pathlib import Path
 
 from ops._cli_errors import NothingRecorded, UsageError
 from ops._cli_format import one_line, table, when
+from rollout.control import DEPLOYMENT_TTL_S
 from rollout.flips import FlipRecord, to_regression_row
+from rollout.state import DeploymentReport
 
 HELP = "show the inputs the two arms disagreed on (flip capture), or export them for verify"
 DESCRIPTION = (
@@ -28,7 +30,11 @@ EPILOG = (
     "  rollout flips --last 500 --export flips.jsonl\n"
     "  rollout verify --set flips.jsonl   # replay them against the next candidate"
 )
-OFF = "flip capture is off: set CANARY_FLIP_CAPTURE=true"
+OFF = "flip capture is off in every gateway: set CANARY_FLIP_CAPTURE=true for them"
+NO_SHADOW = "the gateways capture flips but shadow no traffic: set CANARY_SHADOW_SHARE > 0"
+UNREPORTED = ("flip capture is off in this shell's settings (no gateway reported in the last "
+              f"{DEPLOYMENT_TTL_S:.0f} s to say what it runs): set CANARY_FLIP_CAPTURE=true for "
+              "the gateways")
 TEXT_MIN = 20  # the text column keeps at least this many characters on a narrow terminal
 
 
@@ -50,10 +56,12 @@ def run(ctx) -> int:
         raise UsageError("no telemetry store to read flips from")
     args = ctx.args
     records = ctx.telemetry.flips(args.last)
-    capture_on = ctx.read_settings().flip_capture
+    capture_off = capture_problem(ctx.rollout.store.deployments(), ctx.clock.time(),
+                                  ctx.read_settings().flip_capture)
+    capture_on = capture_off is None
     if args.export:
         if not records:
-            raise NothingRecorded(f"no flips to export: {_nothing(capture_on)}")
+            raise NothingRecorded(f"no flips to export: {_nothing(capture_off)}")
         count = export(records, args.export)
         ctx.say(f"wrote {count} inputs ({len(records)} flips) to {args.export}; replay them "
                 f"with: rollout verify --set {args.export}")
@@ -61,19 +69,36 @@ def run(ctx) -> int:
     if args.json:
         ctx.say(json.dumps([record.as_dict() for record in records]))
         if not records and not capture_on:
-            ctx.warn(OFF)
+            ctx.warn(capture_off)
         return 0
     if not records:
-        ctx.say(f"no flips captured: {_nothing(capture_on)}")
+        ctx.say(f"no flips captured: {_nothing(capture_off)}")
         return 0
     for line in flip_rows(records, shutil.get_terminal_size((120, 24)).columns):
         ctx.say(line)
     return 0
 
 
-def _nothing(capture_on: bool) -> str:
-    if not capture_on:
+def capture_problem(reports: Sequence[DeploymentReport], now: float,
+                    shell_setting: bool) -> str | None:
+    """Why no flips are captured, as the gateways report it (their heartbeats of the last
+    DEPLOYMENT_TTL_S), or None when some gateway captures and shadows. Only when no live gateway
+    says (none running, or all from before capture was reported) is this shell's own
+    CANARY_FLIP_CAPTURE the guess, said as such."""
+    live = [r for r in reports if now - r.ts <= DEPLOYMENT_TTL_S and r.flip_capture is not None]
+    if not live:
+        return None if shell_setting else UNREPORTED
+    capturing = [r for r in live if r.flip_capture]
+    if not capturing:
         return OFF
+    if not any((r.shadow_share or 0) > 0 for r in capturing):
+        return NO_SHADOW
+    return None
+
+
+def _nothing(capture_off: str | None) -> str:
+    if capture_off is not None:
+        return capture_off
     return ("the arms agreed on every shadowed classify input kept (or CANARY_SHADOW_SHARE is "
             "0, or the flips expired: CANARY_FLIP_CAPTURE_TTL_S)")
 

@@ -284,6 +284,8 @@ class Gateway(DashboardRoutes):
                 events=view.events,
                 optimized_recipe=self.models[Arm.OPTIMIZED].get("recipe", ""),
                 auto=self.models[Arm.OPTIMIZED].get("auto") or "",
+                flip_capture=self.settings.flip_capture,
+                shadow_share=self.settings.shadow_share,
             )
         )
 

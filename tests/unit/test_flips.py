@@ -320,11 +320,22 @@ def test_a_raising_hook_never_breaks_the_shadow_comparison():
 
 # --- `rollout flips` ----------------------------------------------------------------------------
 
-def run(*argv, telemetry):
+def run(*argv, telemetry, reports=()):
+    """`rollout` with these gateway heartbeats in its store."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), store=MemoryStateStore(), clock=FakeClock(NOW),
+    store = MemoryStateStore()
+    for report in reports:
+        store.report_deployment(report)
+    code = cli.main(list(argv), store=store, clock=FakeClock(NOW),
                     stdout=stdout, stderr=stderr, telemetry=telemetry)
     return code, stdout.getvalue(), stderr.getvalue()
+
+
+def gateway(name: str, capture: bool | None, shadow: float | None = 0.05, age_s: float = 5):
+    from rollout.state import DeploymentReport
+
+    return DeploymentReport(gateway=name, baseline_version="b", optimized_version="o",
+                            ts=NOW - age_s, flip_capture=capture, shadow_share=shadow)
 
 
 @pytest.fixture
@@ -367,7 +378,9 @@ def test_nothing_captured_with_capture_off_says_how_to_turn_it_on(monkeypatch, t
     monkeypatch.delenv("CANARY_FLIP_CAPTURE", raising=False)
     code, stdout, _ = run("flips", telemetry=MemoryFlips())
     assert code == 0
-    assert stdout.strip() == "no flips captured: flip capture is off: set CANARY_FLIP_CAPTURE=true"
+    assert stdout.strip() == ("no flips captured: flip capture is off in this shell's settings "
+                              "(no gateway reported in the last 60 s to say what it runs): set "
+                              "CANARY_FLIP_CAPTURE=true for the gateways")
     code, stdout, stderr = run("flips", "--json", telemetry=MemoryFlips())
     assert code == 0 and json.loads(stdout) == [] and "CANARY_FLIP_CAPTURE=true" in stderr
     path = tmp_path / "none.jsonl"
@@ -429,3 +442,23 @@ def test_a_redis_failure_costs_a_counter_not_the_comparison():
         assert rig.flip_counts() == {"captured": 1}
     finally:
         rig.close()
+
+
+def test_whether_capture_is_on_comes_from_what_the_gateways_report(monkeypatch):
+    """An empty CANARY_FLIP_CAPTURE in the operator's shell says nothing about the gateways:
+    their heartbeats do. A shell that says "on" is not believed over gateways that say "off"."""
+    monkeypatch.delenv("CANARY_FLIP_CAPTURE", raising=False)
+    capturing = [gateway("g1", True), gateway("g2", False)]
+    code, stdout, _ = run("flips", telemetry=MemoryFlips(), reports=capturing)
+    assert code == 0 and "the arms agreed" in stdout and "is off" not in stdout
+    code, stdout, _ = run("flips", telemetry=MemoryFlips(), reports=[gateway("g1", False)])
+    assert "flip capture is off in every gateway" in stdout
+    code, stdout, _ = run("flips", telemetry=MemoryFlips(), reports=[gateway("g1", True, 0.0)])
+    assert "shadow no traffic: set CANARY_SHADOW_SHARE > 0" in stdout
+    monkeypatch.setenv("CANARY_FLIP_CAPTURE", "true")
+    code, stdout, _ = run("flips", telemetry=MemoryFlips(), reports=[gateway("g1", False)])
+    assert "flip capture is off in every gateway" in stdout
+    # a report older than a minute, or from a gateway that did not say, is not heard
+    stale = [gateway("g1", False, age_s=120), gateway("g2", None)]
+    code, stdout, _ = run("flips", telemetry=MemoryFlips(), reports=stale)
+    assert "the arms agreed" in stdout
