@@ -14,9 +14,9 @@ each on its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,16 +71,20 @@ def _carried(exc: BaseException) -> Exception:
     return CallFailed(type(exc).__name__, str(exc))
 
 
-def _startup_log(arm: str):
+def _startup_log(arm: str, console_fd: int = 2):
     """Progress of a long build (`auto` measuring, a runtime artifact, a plan): in the replica's
-    log (Serve's logger), and on its stderr, which `serve run` shows as it happens (the replica
-    log is buffered in Serve's throughput mode, and a first start measures for minutes)."""
+    log (Serve's logger), and on the process's own stderr, which Ray forwards to the console of
+    `serve run` as it happens. Written to the file descriptor, not `sys.stderr`: in Serve's
+    throughput mode a replica's `print` and `sys.stderr` go to Serve's logger, which is
+    buffered and writes to files only, so a first start that measures for minutes would show
+    nothing."""
     logger = logging.getLogger("ray.serve")
 
     def progress(step, value) -> None:
         line = f"{arm} model: {step if isinstance(step, str) else f'{step}: {value}'}"
         logger.info("%s", line)
-        print(line, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            os.write(console_fd, (line + "\n").encode("utf-8", "replace"))
 
     return progress
 
