@@ -70,7 +70,17 @@ from serve.errors import (
     to_response,
 )
 from serve.idempotent import REPLAYED, Idempotency
-from serve.ingress import BODY, BODY_PROBLEM, BUSY, DISCONNECTED, TIMEOUT, TOO_LARGE, receive_body
+from serve.ingress import (
+    ARRIVED,
+    BODY,
+    BODY_PROBLEM,
+    BUSY,
+    DISCONNECTED,
+    SLOT,
+    TIMEOUT,
+    TOO_LARGE,
+    receive_body,
+)
 from serve.metrics_targets import (
     RedisTargetBook,
     ReplicaEndpoint,
@@ -233,6 +243,7 @@ class Gateway(DashboardRoutes):
         self.admission = Admission(ceiling=settings.gateway_max_in_flight,
                                    batch_rows=settings.max_batch_size)
         self.shed_summary = ShedSummary(self.admission, log.warning)
+        self._lag_task = asyncio.get_running_loop().create_task(self.admission.loop.run())
         # serve.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, self.admission, self._shed_at_the_door)
         self.shadow = Shadow(settings, self._remote, self.telemetry)
@@ -290,6 +301,9 @@ class Gateway(DashboardRoutes):
         )
 
     def __del__(self):
+        lag = getattr(self, "_lag_task", None)
+        if lag is not None:
+            lag.cancel()
         shadow = getattr(self, "shadow", None)
         if shadow is not None:
             shadow.close()
@@ -331,7 +345,8 @@ class Gateway(DashboardRoutes):
         bound), then a slot under the memory cap (`gateway_max_in_flight`; 503 + Retry-After
         past it). Once its arm is known, it is refused only if it would be answered after its
         deadline (serve.admission)."""
-        start = time.perf_counter()
+        # when it reached the replica (serve.ingress), else now less what the loop lags
+        start = request.scope.get(ARRIVED) or time.perf_counter() - self.admission.loop.lag_s
         rid, incoming = _ids(request)
         obs = self.observer.start(rid, request.headers)
         try:
@@ -340,6 +355,10 @@ class Gateway(DashboardRoutes):
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
             return to_response(exc, rid, incoming)
+        held = request.scope.get(SLOT)  # taken by serve.ingress, which gives it back
+        if held is not None:
+            return await self._predict(request, body,
+                                       _Exchange(rid, incoming, obs, held, start, timeout_s))
         with self.admission.admitted() as slot:
             if slot is None:
                 obs.finish(503, error_type=Overloaded.type)

@@ -11,6 +11,13 @@ request handling, in the gateway replica's HTTP server (direct ingress) and in S
   `body_timeout_s` after the headers, a client that went away mid-body, a full pool and a body
   over the size limit are handed on as what they are (`BODY_PROBLEM` in the ASGI scope), so the
   gateway answers them (408, 499, 503, 413) and records them like any other request.
+- **The in-flight slot is taken here.** Once its body is in and the door let it through, a
+  prediction request takes its in-flight slot (serve.admission, the memory cap) here and holds
+  it until its answer is sent, and its deadline runs from here (`ARRIVED`): requests that wait
+  in Serve before the gateway's handler runs (past `gateway_max_ongoing_requests`) count
+  against the cap and against their deadline. Without that, under a flood the door saw a free
+  cap while hundreds waited unseen: at 5x capacity, 200s came 2.4 s after they were sent with
+  a 1 s deadline, all within 1 s of the handler's start.
 - **Shedding at the door.** When the gateway's admission (serve.admission `door`) says a
   prediction request cannot be answered within its deadline (`X-Request-Timeout-Ms` or the
   server's) whatever its arm, or the memory cap is reached, it is answered 503 + Retry-After
@@ -52,6 +59,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # scope keys this middleware sets for the gateway
 BODY = "canary.body"  # the complete body (bytes), when it arrived
 BODY_PROBLEM = "canary.body_problem"  # one of the problems below, when it did not
+SLOT = "canary.slot"  # the in-flight slot held for a prediction request (serve.admission)
+ARRIVED = "canary.arrived"  # perf_counter when it reached the replica: its deadline's start
 
 TIMEOUT, DISCONNECTED, TOO_LARGE, BUSY = "timeout", "disconnected", "too_large", "busy"
 _WITH_BODY = {"POST", "PUT", "PATCH"}
@@ -73,7 +82,13 @@ def sanitize_request_id(scope: Scope) -> None:
 
 
 class Admission(Protocol):
+    loop: Any  # serve.admission.LoopLag: `lag_s`
+
     def door(self, timeout_s: float) -> int | None: ...
+
+    def enter(self) -> Any: ...
+
+    def leave(self, slot: Any) -> None: ...
 
 
 @dataclass
@@ -136,22 +151,42 @@ class BodyGate:
                     receive, settings.body_timeout_s, max_body_bytes(settings))
             finally:
                 self.uploading -= 1
-        if problem is None:
-            retry_after = self._door(scope, settings)
-            if retry_after is not None:
-                await self._shed(scope, receive, send, started, retry_after, close=False)
-                return
-            scope[BODY] = body
-        else:
+        if problem is not None:
             scope[BODY_PROBLEM] = problem
-        await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, _replay(body, receive), send)
+            return
+        retry_after = self._door(scope, settings)
+        if retry_after is not None:
+            await self._shed(scope, receive, send, started, retry_after, close=False)
+            return
+        scope[BODY] = body
+        await self._admitted(scope, _replay(body, receive), send, started)
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send,
+                        started: float) -> None:
+        """Hand a prediction request on holding its in-flight slot from here (its body in)
+        until its answer is sent: the requests waiting in Serve for the gateway's handler
+        count against the memory cap, and its deadline runs from here (`ARRIVED`)."""
+        admission = _gateway.admission
+        slot = admission.enter() if admission is not None and self._predicts(scope) else None
+        if slot is None:
+            await self.app(scope, receive, send)
+            return
+        scope[SLOT], scope[ARRIVED] = slot, started - admission.loop.lag_s
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            admission.leave(slot)
 
     @staticmethod
-    def _door(scope: Scope, settings: Settings) -> int | None:
+    def _predicts(scope: Scope) -> bool:
+        return scope.get("path") == SHED_PATH
+
+    def _door(self, scope: Scope, settings: Settings) -> int | None:
         """A Retry-After when the gateway's admission refuses this prediction request before
         its arm is known (serve.admission `door`), else None."""
         admission = _gateway.admission
-        if admission is None or scope.get("path") != SHED_PATH:
+        if admission is None or not self._predicts(scope):
             return None
         sent = [v for n, v in scope.get("headers") or [] if n == TIMEOUT_HEADER.encode()]
         try:

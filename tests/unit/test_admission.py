@@ -7,6 +7,7 @@ from serve.admission import (
     RATE_WINDOW_S,
     Admission,
     ArmQueue,
+    LoopLag,
     ShedSummary,
     requested_timeout_s,
     retry_after_s,
@@ -211,7 +212,7 @@ def test_the_snapshot_shows_each_arms_queue_and_prediction():
     admission = measured(rate=200.0, forward_s=0.05)
     admission.queue("baseline").add(100, 0.0)
     snap = admission.snapshot()
-    assert snap["ceiling"] == 128 and snap["in_flight"] == 0
+    assert snap["ceiling"] == 128 and snap["in_flight"] == 0 and snap["loop_lag_ms"] == 0
     assert snap["arms"]["baseline"] == {"rows": 100, "rate_per_s": 200.0, "forward_ms": 50.0,
                                         "predicted_ms": 550.0}
 
@@ -228,3 +229,29 @@ def test_sheds_reach_the_log_at_most_once_per_interval_with_their_count():
     summary.shed()
     assert len(lines) == 1 and lines[0].startswith("shed 6 requests in the last 10 s")
     assert "nothing queued" in lines[0]
+
+
+def test_the_loop_lag_is_how_late_a_timer_fires_while_the_loop_is_busy():
+    import asyncio
+    import time
+
+    lag = LoopLag(every_s=0.005, weight=1.0)
+
+    async def main():
+        task = asyncio.create_task(lag.run())
+        await asyncio.sleep(0.02)
+        assert lag.lag_s < 0.02
+        time.sleep(0.1)  # the loop blocked, as under a flood of requests
+        await asyncio.sleep(0.001)
+        assert lag.lag_s >= 0.05
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_time_spent_waiting_for_the_loop_comes_off_the_deadline_at_the_door():
+    admission = measured(rate=100.0, forward_s=0.02)
+    admission.queue("baseline").add(80, 0.0)  # 0.8 s ahead + 20 ms
+    assert admission.door(1.0) is None
+    admission.loop.observe(1.0)  # requests wait ~0.3 s (weight 0.3) before any handler
+    assert admission.door(1.0) == 1

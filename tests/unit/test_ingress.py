@@ -4,6 +4,7 @@ request ids made safe to echo. Driven as ASGI with a scripted client."""
 from __future__ import annotations
 
 import asyncio
+import types
 
 import pytest
 
@@ -169,10 +170,19 @@ class Saturated:
     def __init__(self, saturated: bool, retry_after: int = 1):
         self.value, self.retry_after = saturated, retry_after
         self.asked: list[float] = []
+        self.loop = types.SimpleNamespace(lag_s=0.0)
+        self.held = 0
 
     def door(self, timeout_s: float) -> int | None:
         self.asked.append(timeout_s)
         return self.retry_after if self.value else None
+
+    def enter(self):
+        self.held += 1
+        return object()
+
+    def leave(self, slot) -> None:
+        self.held -= 1
 
 
 def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeypatch):
@@ -219,6 +229,8 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
         def __init__(self):
             self.calls = 0
 
+        loop = types.SimpleNamespace(lag_s=0.0)
+
         def door(self, timeout_s: float) -> int | None:
             self.calls += 1
             return 1 if self.calls > 1 else None  # free on arrival, refused once the body is in
@@ -260,3 +272,33 @@ def test_the_door_judges_the_requests_own_timeout_and_sends_its_retry_after(monk
     asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"-5")]),
                               client(b"{}"), send))
     assert door.asked == [] and len(app.calls) == 1
+
+
+def test_a_prediction_let_through_holds_its_slot_until_answered_and_its_arrival_is_marked(
+        monkeypatch):
+    """Requests waiting in Serve for the gateway's handler count against the memory cap: the
+    slot is taken here once the body is in, and given back when the app has answered."""
+    import time
+
+    from serve import ingress
+
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    admission = Saturated(False)
+    admission.loop.lag_s = 0.5
+    ingress.configure(settings(), admission, lambda ms: None)
+    seen = []
+
+    async def app(scope, receive, send):
+        arrived = scope.get(ingress.ARRIVED)
+        seen.append((admission.held, scope.get(ingress.SLOT) is not None,
+                     None if arrived is None else time.perf_counter() - arrived))
+
+    before = time.perf_counter()
+    asyncio.run(BodyGate(app)(scope(), client(b"{}"), nothing))
+    held, has_slot, age = seen[0]
+    assert held == 1 and has_slot and admission.held == 0
+    assert 0.5 <= age <= 0.5 + (time.perf_counter() - before)  # arrival less the loop's lag
+    other = {**scope(), "path": "/v1/dashboard/kill"}  # not a prediction: no slot
+    seen.clear()
+    asyncio.run(BodyGate(app)(other, client(b"{}"), nothing))
+    assert seen == [(0, False, None)]
