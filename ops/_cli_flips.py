@@ -9,12 +9,16 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ops._cli_errors import NothingRecorded, UsageError
 from ops._cli_format import one_line, table, when
-from rollout.control import DEPLOYMENT_TTL_S
 from rollout.flips import FlipRecord, to_regression_row
-from rollout.state import DeploymentReport
+
+if TYPE_CHECKING:  # the CLI's parser is built without pydantic (the kill's fast path)
+    from rollout.state import DeploymentReport
+
+REPORTS_TTL_S = 60.0  # rollout.control.DEPLOYMENT_TTL_S: a heartbeat older than this is not heard
 
 HELP = "show the inputs the two arms disagreed on (flip capture), or export them for verify"
 DESCRIPTION = (
@@ -33,7 +37,7 @@ EPILOG = (
 OFF = "flip capture is off in every gateway: set CANARY_FLIP_CAPTURE=true for them"
 NO_SHADOW = "the gateways capture flips but shadow no traffic: set CANARY_SHADOW_SHARE > 0"
 UNREPORTED = ("flip capture is off in this shell's settings (no gateway reported in the last "
-              f"{DEPLOYMENT_TTL_S:.0f} s to say what it runs): set CANARY_FLIP_CAPTURE=true for "
+              f"{REPORTS_TTL_S:.0f} s to say what it runs): set CANARY_FLIP_CAPTURE=true for "
               "the gateways")
 TEXT_MIN = 20  # the text column keeps at least this many characters on a narrow terminal
 
@@ -85,7 +89,7 @@ def capture_problem(reports: Sequence[DeploymentReport], now: float,
     DEPLOYMENT_TTL_S), or None when some gateway captures and shadows. Only when no live gateway
     says (none running, or all from before capture was reported) is this shell's own
     CANARY_FLIP_CAPTURE the guess, said as such."""
-    live = [r for r in reports if now - r.ts <= DEPLOYMENT_TTL_S and r.flip_capture is not None]
+    live = [r for r in reports if now - r.ts <= REPORTS_TTL_S and r.flip_capture is not None]
     if not live:
         return None if shell_setting else UNREPORTED
     capturing = [r for r in live if r.flip_capture]

@@ -79,7 +79,9 @@ def test_cli_lists_exports_and_says_when_capture_is_off(redis_url, tmp_path, mon
     monkeypatch.delenv("CANARY_FLIP_CAPTURE", raising=False)
     code, out, _ = rollout("flips", url=redis_url)
     assert code == 0
-    assert out.strip() == "no flips captured: flip capture is off: set CANARY_FLIP_CAPTURE=true"
+    assert out.strip() == ("no flips captured: flip capture is off in this shell's settings (no "
+                           "gateway reported in the last 60 s to say what it runs): set "
+                           "CANARY_FLIP_CAPTURE=true for the gateways")
     writer = RedisTelemetry(redis_url, APP)
     now = time.time()
     try:

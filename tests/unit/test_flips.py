@@ -462,3 +462,10 @@ def test_whether_capture_is_on_comes_from_what_the_gateways_report(monkeypatch):
     stale = [gateway("g1", False, age_s=120), gateway("g2", None)]
     code, stdout, _ = run("flips", telemetry=MemoryFlips(), reports=stale)
     assert "the arms agreed" in stdout
+
+
+def test_the_heartbeats_heard_are_those_rollout_status_counts_as_live():
+    from ops._cli_flips import REPORTS_TTL_S
+    from rollout.control import DEPLOYMENT_TTL_S
+
+    assert REPORTS_TTL_S == DEPLOYMENT_TTL_S
