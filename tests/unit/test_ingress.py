@@ -302,3 +302,35 @@ def test_a_prediction_let_through_holds_its_slot_until_answered_and_its_arrival_
     seen.clear()
     asyncio.run(BodyGate(app)(other, client(b"{}"), nothing))
     assert seen == [(0, False, None)]
+
+
+def test_refused_on_arrival_a_small_body_is_read_so_the_connection_carries_the_next_request(
+        monkeypatch):
+    """Closing the connection of every refused request makes clients and HAProxy open a new
+    one for each, which waits to be accepted: only a large body is left unread (and the
+    connection closed)."""
+    from serve import ingress
+
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    ingress.configure(settings(), Saturated(True, retry_after=2), lambda ms: None)
+    app, sent = App(), []
+
+    async def send(message):
+        sent.append(message)
+
+    small = scope(headers=[(b"content-length", b"17")])
+    read = []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b'{"inputs": ["a"]}', "more_body": False}
+
+    asyncio.run(BodyGate(app)(small, receive, send))
+    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    assert app.calls == [] and read == [1] and sent[0]["status"] == 503
+    assert "connection" not in headers and headers["retry-after"] == "2"
+    sent.clear()
+    large = scope(headers=[(b"content-length", str(ingress.SMALL_BODY + 1).encode())])
+    asyncio.run(BodyGate(app)(large, client(b"{}"), send))
+    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    assert headers["connection"] == "close"
