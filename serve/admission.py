@@ -40,11 +40,12 @@ waits for. Rows of a canary call that falls back move to the baseline's count.
 (serve.ingress): it refuses only when every arm with work outstanding would miss the deadline
 for a one-input request, or at the memory cap.
 
-A request's deadline runs from when it reached the replica, not from when its handler first
-ran: under a flood, requests wait for the replica's event loop before any of its code sees
-them (at 5x capacity on 2 cores, 200s answered 2.7 s after they were sent with a 1 s
-deadline). `LoopLag` measures that wait (how late a timer on the loop fires, a moving
-average); it is taken off each request's time left, at the door and at its arm's judgement.
+A request's deadline runs from when serve.ingress first saw it, not from when the gateway's
+handler ran, less what it waited for the replica's event loop before any of its code did:
+`LoopLag` measures that (how late a timer on the loop fires, a moving average), and it is taken
+off each request's time left, at the door and at its arm's judgement. (It read 2-12 ms at 5x
+capacity on 2 cores; the 1-2 s waits seen there were new connections waiting to be accepted,
+which serve.ingress avoids by keeping a refused request's connection.)
 
 The clock is injectable (`clock`, seconds); waiting is the caller's.
 """
