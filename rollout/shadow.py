@@ -18,6 +18,15 @@ are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge withou
     cos:<j>                            embed pairs per cosine bin j (COSINE_GAPS)
     calls, shed, errors                shadow calls answered; sampled requests not shadowed
                                        because of load; shadow calls that failed or timed out
+    sl:<slice>:pairs, sl:<slice>:agreed, sl:<slice>:cflips
+                                       classify pairs per slice (rollout.slices: `script:han`,
+                                       `length:17-64`, `label:sports`, `header:acme`), those
+                                       that agree, and the confident flips among them (baseline
+                                       margin >= CONFIDENT_MARGIN, labels differ)
+
+A pair belongs to the slices in its `PairOutcome.slices` (set by the gateway, serve.shadow); a
+slice's name may itself hold colons, its counter is the part after the last one. Hashes written
+before slices existed have no `sl:` fields and read as no slice counts.
 
 The confident pairs are those filed in the buckets from CONFIDENT_MARGIN (0.05, a bucket edge)
 up: `confident_pairs` and `confident_agreed` are their sums, and `confident_flip_rate` the
@@ -33,8 +42,8 @@ below it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from rollout.agreement import (
     CONFIDENT_MARGIN,
@@ -45,6 +54,7 @@ from rollout.agreement import (
     margins,
     wilson_interval,
 )
+from rollout.slices import SliceRow, slice_table
 
 COSINE_GAPS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
 
@@ -64,6 +74,7 @@ class PairOutcome:
     agreed: bool | None = None  # classify: same top-1 label
     margin: float | None = None  # classify: the baseline's top-1 minus top-2 score
     cosine: float | None = None  # embed: cosine between the two embeddings
+    slices: tuple[str, ...] = ()  # classify: the input's slice keys (rollout.slices)
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -135,11 +146,38 @@ def shadow_fields(outcomes: Iterable[PairOutcome] = (), *, calls: int = 0, shed:
             if pair.agreed:
                 add("agreed")
                 add(f"m{bucket}:agreed")
+            _add_slices(add, pair)
         if pair.cosine is not None:
             add("cos_n")
             add("cos_sum", pair.cosine)
             add(f"cos:{cosine_bin(pair.cosine)}")
     return fields
+
+
+def _add_slices(add: Callable[[str], None], pair: PairOutcome) -> None:
+    """A classify pair's per-slice counters (see the module docstring)."""
+    flipped = not pair.agreed and (pair.margin or 0.0) >= CONFIDENT_MARGIN
+    for key in pair.slices:
+        add(f"sl:{key}:pairs")
+        if pair.agreed:
+            add(f"sl:{key}:agreed")
+        if flipped:
+            add(f"sl:{key}:cflips")
+
+
+def slice_counts(totals: Mapping[str, float]) -> dict[str, tuple[int, int, int]]:
+    """Slice -> (pairs, agreed, confident flips) from summed shadow fields."""
+    cells: dict[str, list[int]] = {}
+    for name, value in totals.items():
+        if not name.startswith("sl:"):
+            continue
+        key, _, counter = name[3:].rpartition(":")
+        if key and counter in _SLICE_COUNTERS:
+            cells.setdefault(key, [0, 0, 0])[_SLICE_COUNTERS[counter]] += int(round(value))
+    return {key: (n, min(agreed, n), min(flips, n)) for key, (n, agreed, flips) in cells.items()}
+
+
+_SLICE_COUNTERS = {"pairs": 0, "agreed": 1, "cflips": 2}
 
 
 @dataclass(frozen=True)
@@ -167,7 +205,9 @@ class ShadowStats:
     `agreement` and `lower_bound` (95 % Wilson) are over classify pairs, None without any;
     `by_margin` maps each baseline-margin bucket label to (agreed, pairs); `confident_pairs`
     and `confident_agreed` sum the buckets from CONFIDENT_MARGIN up; cosine figures are over
-    embed pairs (`cosine_p1` and `cosine_min` are histogram lower edges, see the module)."""
+    embed pairs (`cosine_p1` and `cosine_min` are histogram lower edges, see the module);
+    `slices` maps each slice to (pairs, agreed, confident flips), `slice_rows` is its table
+    worst first (rollout.slices)."""
 
     seconds: float
     pairs: int
@@ -185,6 +225,12 @@ class ShadowStats:
     calls: int
     shed: int
     errors: int
+    slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    def slice_rows(self, min_pairs: int = 1) -> list[SliceRow]:
+        """The slice table, worst first; a slice with fewer than `min_pairs` pairs is shown
+        after the judged ones."""
+        return slice_table(self.slices, min_pairs)
 
     @property
     def confident_flip_rate(self) -> float | None:
@@ -204,6 +250,7 @@ class ShadowStats:
         out = dict(self.__dict__)
         out["confident_flip_rate"] = self.confident_flip_rate
         out["by_margin"] = {label: list(cell) for label, cell in self.by_margin.items()}
+        out["slices"] = {key: list(cell) for key, cell in self.slices.items()}
         return out
 
 
@@ -247,4 +294,5 @@ def aggregate_shadow(hashes: Iterable[Mapping[str, str | float]], seconds: float
         cosine_p1=_cosine_low(histogram, max(1, math.ceil(0.01 * cos_n))) if cos_n else None,
         cosine_min=_cosine_low(histogram, 1) if cos_n else None,
         calls=count("calls"), shed=count("shed"), errors=count("errors"),
+        slices=slice_counts(totals),
     )

@@ -155,3 +155,34 @@ def test_the_ramps_agreement_gate_reads_the_shadow_windows():
     windows, _ = windows_with(items)
     assert WindowsMetrics(windows).agreement(60) == (60, 59)
     assert WindowsMetrics(windows_with([])[0]).agreement(60) == (0, 0)
+
+
+def test_slice_counters_of_a_shadowed_request():
+    han = ("script:han", "length:17-64", "label:sports")
+    fields = shadow_fields([
+        PairOutcome(True, 0.2, slices=han), PairOutcome(False, 0.2, slices=han),
+        PairOutcome(False, 0.001, slices=("script:han", "header:a:b")),
+        PairOutcome(cosine=0.9, slices=("script:latin",)),  # embed pairs are not sliced
+    ], calls=1)
+    assert fields["sl:script:han:pairs"] == 3 and fields["sl:script:han:agreed"] == 1
+    assert fields["sl:script:han:cflips"] == 1  # the flip at margin 0.001 is not confident
+    assert fields["sl:label:sports:cflips"] == 1 and "sl:header:a:b:cflips" not in fields
+    assert fields["sl:header:a:b:pairs"] == 1
+    assert not any(name.startswith("sl:script:latin") for name in fields)
+    assert all(value > 0 for value in fields.values())  # counters only ever added to
+
+
+def test_slices_aggregate_over_seconds_and_old_hashes_still_read():
+    kana = ("script:kana", "length:1-16")
+    items = [ShadowItem(START - 5 + i, shadow_fields(
+        [PairOutcome(i % 2 == 0, 0.3, slices=kana),
+         PairOutcome(True, 0.3, slices=("script:latin",))])) for i in range(4)]
+    windows, _ = windows_with(items)
+    stats = windows.shadow(60)
+    assert stats.slices == {"script:kana": (4, 2, 2), "length:1-16": (4, 2, 2),
+                            "script:latin": (4, 4, 0)}
+    rows = stats.slice_rows(min_pairs=4)
+    assert [r.slice for r in rows] == ["length:1-16", "script:kana", "script:latin"]
+    assert stats.as_dict()["slices"]["script:kana"] == [4, 2, 2]
+    old = aggregate_shadow([{"pairs": "3", "agreed": "3", "m0:pairs": "3", "m0:agreed": "3"}], 1)
+    assert old.pairs == 3 and old.slices == {} and old.slice_rows() == []
