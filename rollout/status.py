@@ -2,8 +2,10 @@
 
 A status is the stored state, what every gateway reported it serves (with whether the report is
 recent and whether it serves the optimized version the share is bound to), and, with a
-telemetry source, each arm's window over the last `window_s` seconds and the online agreement
-of shadow comparisons (over `agreement_s`). Reading telemetry never fails a status:
+telemetry source, each arm's window over the last `window_s` seconds (CPU seconds per 1,000
+inputs included), the realized speedup of the optimized arm over that window
+(`traffic.efficiency`, rollout.efficiency) and the online agreement of shadow comparisons (over
+`agreement_s`). Reading telemetry never fails a status:
 an unreachable telemetry store is reported as `traffic.error`.
 
 `audited` says whether the stored state is the one the audited write of its revision recorded.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 from rollout.clock import Clock, SystemClock
 from rollout.control import DEPLOYMENT_TTL_S
+from rollout.efficiency import Speedup, speedup
 from rollout.errors import RevisionNotFound, StoreUnavailable
 from rollout.events import webhook_health
 from rollout.redis_layout import Keys
@@ -40,6 +43,15 @@ class Status:
     telemetry: bool = False  # whether a telemetry source was read
     audited: bool = True  # the state is the one its revision's audit entry recorded
     webhooks: dict | None = None  # rollout.events.webhook_health; None: nothing ever sent
+
+    @property
+    def efficiency(self) -> Speedup | None:
+        """The realized speedup over the window: baseline ÷ optimized CPU seconds per input,
+        with its 95 % interval (rollout.efficiency); None without traffic figures."""
+        arms = self.traffic
+        if not arms or "baseline" not in arms or "optimized" not in arms:
+            return None
+        return speedup(arms["baseline"].cpu, arms["optimized"].cpu)
 
     def silent(self, report: DeploymentReport) -> bool:
         """A gateway whose last report is older than DEPLOYMENT_TTL_S."""
@@ -71,6 +83,7 @@ class Status:
                 "window_s": self.window_s, "error": self.traffic_error,
                 "arms": {arm: s.as_dict() for arm, s in arms.items()} if arms else None,
                 "shadow": self.shadow.as_dict() if self.shadow is not None else None,
+                "efficiency": self.efficiency.as_dict() if self.efficiency else None,
             }
         return doc
 

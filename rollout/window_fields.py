@@ -12,7 +12,9 @@ Attribution, per arm:
   latency, `retries`, `fallbacks`, items and characters): what users routed to that arm saw,
   fallback included;
 - a *model call* counts under the arm that was called (`calls`, `call:<outcome>`), and an
-  answered call adds its stage times, batch size, queue length and compute time to that arm.
+  answered call adds its stage times, batch size, queue length and compute time to that arm,
+  and, when its replica measured them, its share of the forward's CPU seconds (`cpu_*`,
+  rollout.efficiency: realized cost per input).
   A request whose optimized call failed and was retried on baseline therefore adds one failed
   call to optimized and one answered call to baseline.
 
@@ -23,8 +25,10 @@ with B = 0.1 ms and G = 2^(1/8) (9 % wide), fields `lat:<i>`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from rollout.efficiency import request_fields
 
 OUTCOMES = ("ok", "error", "timeout", "overloaded")  # of one model call
 STAGES = ("preprocess", "queue", "forward", "postprocess")  # inside a model replica
@@ -65,6 +69,9 @@ class Attempt:
     queue: int = 0  # requests waiting in the replica when this one joined the queue
     compute_s: float = 0.0  # this call's share of its batch's forward time
     cost: float = 0.0  # compute_s at the gateway's configured device-hour price
+    cpu_s: float | None = None  # its share (by rows) of the forward's CPU (or GPU) seconds
+    rows: int = 0  # its inputs (the rows the share is by)
+    gpu: bool = False  # cpu_s is GPU seconds (a CUDA replica)
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,18 @@ def record_fields(record: RequestRecord) -> dict[str, dict[str, float]]:
             add(attempt.arm, "queue_sum", attempt.queue)
             add(attempt.arm, "compute_s", attempt.compute_s)
             add(attempt.arm, "cost", attempt.cost)
+            _add_cpu(attempt, add)
     return arms
+
+
+def _add_cpu(attempt: Attempt, add: Callable[[str, str, float], None]) -> None:
+    """The realized-efficiency counters (rollout.efficiency) of an answered call whose replica
+    measured its forwards (one that did not, e.g. of an older version, adds none)."""
+    if attempt.cpu_s is None or attempt.rows <= 0:
+        return
+    fields = request_fields(attempt.cpu_s, attempt.rows, attempt.batch_requests, attempt.gpu)
+    for name, amount in fields.items():
+        add(attempt.arm, name, amount)
 
 
 def merge_fields(

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from rollout.efficiency import CpuSums
 from rollout.window_fields import STAGES, bucket_midpoint
 
 
@@ -39,9 +40,15 @@ class ArmStats:
     compute_ms: float | None  # mean compute time per answered call
     cost_per_1k: float | None  # cost of 1,000 answered calls (CANARY_DEVICE_HOUR_PRICE)
     statuses: dict[str, int]
+    cpu: CpuSums = CpuSums()  # measured forward seconds (rollout.efficiency)
+
+    @property
+    def cpu_per_1k(self) -> float | None:
+        """CPU seconds (GPU seconds on a CUDA replica: `cpu.device`) per 1,000 inputs."""
+        return self.cpu.per_1k
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return dict(self.__dict__) | {"cpu": self.cpu.as_dict(), "cpu_per_1k": self.cpu_per_1k}
 
 
 def percentile(histogram: Mapping[int, float], q: float) -> float | None:
@@ -92,6 +99,7 @@ def aggregate(arm: str, hashes: Iterable[Mapping[str, str | float]], seconds: fl
         compute_ms=None if per_call_s is None else per_call_s * 1000,
         cost_per_1k=None if per_call_cost is None else per_call_cost * 1000,
         statuses={k[7:]: int(v) for k, v in sorted(totals.items()) if k.startswith("status:")},
+        cpu=CpuSums.from_totals(totals),
     )
 
 

@@ -47,6 +47,8 @@ class ModelAnswer:
     batch: BatchShape
     queue: int  # requests queued in the replica ahead of this one when it joined
     timing: StageTiming
+    cpu_s: float | None = None  # its share (by rows) of its batch's forward CPU seconds
+    gpu: bool = False  # cpu_s is GPU seconds (a CUDA replica: serve.cputime)
 
     def in_call(self, calls: int) -> ModelAnswer:
         """This answer as one of `calls` requests a gateway sent together (serve.coalesce)."""

@@ -66,14 +66,16 @@ def call_outcome(exc: BaseException | None) -> str:
 
 def attempt_from(arm: str, result: ModelAnswer, items: int, price: float = 0.0) -> Attempt:
     """What an answered model call reports (its `timing`, `batch`, `queue`) as an Attempt;
-    its compute time is its share (by items) of the batch's forward, priced per device-hour."""
+    its compute time is its share (by items) of the batch's forward, priced per device-hour;
+    its CPU seconds (`cpu_s`, by rows) are what the replica measured (serve.cputime)."""
     timing, batch = result.timing, result.batch
     stages = {"preprocess": timing.preprocess, "queue": timing.queue,
               "forward": timing.model, "postprocess": timing.postprocess}
     share = items / batch.items if batch.items else 1.0
     compute_s = timing.model / 1000 * share
     return Attempt(arm, "ok", stages, batch.requests, int(result.queue),
-                   compute_s, compute_s * price / 3600)
+                   compute_s, compute_s * price / 3600, cpu_s=result.cpu_s, rows=items,
+                   gpu=result.gpu)
 
 
 class Observer:
