@@ -148,6 +148,11 @@ def _status(ctx, view: RampView) -> int:
                   (f" ({g['note']})" if g.get("note") else "")) for g in last["gates"]]
         for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells):
             ctx.say("  " + line)
+        from ops._cli_slices import gate_slice_lines
+
+        for line in gate_slice_lines(next((g["rows"] for g in last["gates"] if g.get("rows")),
+                                          ())):
+            ctx.say(line)
     if last and last.get("checks"):
         ctx.say("checks:")
         cells = [(c["name"], _num(c["value"]), c["threshold"], c["status"] +

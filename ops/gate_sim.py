@@ -103,6 +103,9 @@ class _Counts:
     def confident(self, last_s: int, min_margin: float = 0.05) -> tuple[int, int]:
         return 0, 0
 
+    def slices(self, last_s: int) -> dict[str, tuple[int, int]]:
+        return {}
+
 
 def new_gate(scenario: Scenario, status: str = "pass") -> Gate:
     """The ramp's `agreement_lower_bound` gate itself (rollout.ramp.machine.judge_gates):

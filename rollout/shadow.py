@@ -54,7 +54,7 @@ from rollout.agreement import (
     margins,
     wilson_interval,
 )
-from rollout.slices import SliceRow, slice_table
+from rollout.slices import DEFAULT_MIN_PAIRS, SliceRow, slice_table
 
 COSINE_GAPS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
 
@@ -251,6 +251,7 @@ class ShadowStats:
         out["confident_flip_rate"] = self.confident_flip_rate
         out["by_margin"] = {label: list(cell) for label, cell in self.by_margin.items()}
         out["slices"] = {key: list(cell) for key, cell in self.slices.items()}
+        out["slice_table"] = [row.as_dict() for row in self.slice_rows(DEFAULT_MIN_PAIRS)]
         return out
 
 

@@ -40,6 +40,7 @@ LENGTH_EDGES = (16, 64, 128)  # token counts; a bucket holds (previous edge, edg
 MAX_HEADER_VALUES = 32  # distinct header values kept (per HeaderValues); later ones: "other"
 MAX_HEADER_CHARS = 64  # a header value is cut to this many characters
 OTHER_HEADER = "other"
+DEFAULT_MIN_PAIRS = 50  # pairs a slice needs to be judged where no plan says (status, dashboard)
 
 # words of a character's Unicode name that name its script (the first match counts)
 _NAME_WORDS = {

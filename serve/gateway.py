@@ -402,7 +402,7 @@ class Gateway(DashboardRoutes):
             self._abandoned(exc, ex.obs)
             raise
         if self.shadow.enabled and not fallback:
-            self._offer_shadow(ex.obs, answer, parsed.inputs, task)
+            self._offer_shadow(ex.obs, answer, parsed.inputs, task, request.headers)
         return response
 
     def _parse(self, body: bytes, obs: Observation) -> tuple[PredictRequest, str]:
@@ -485,16 +485,19 @@ class Gateway(DashboardRoutes):
             obs.finish(500, error_type="internal_error")
 
     def _offer_shadow(self, obs: Observation, result: ModelAnswer, texts: list[str],
-                      task: str) -> None:
+                      task: str, headers=None) -> None:
         """Maybe compare with the other arm in the background (never awaited here); safety is
-        judged on the state as it is now, not as it was when the request was routed. A bug
-        here is logged; the answered request is not affected."""
+        judged on the state as it is now, not as it was when the request was routed; the
+        request's CANARY_SLICE_HEADER value goes along as a slice. A bug here is logged; the
+        answered request is not affected."""
         try:
             view = self.watcher.view()
             _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
+            name = self.settings.slice_header
             self.shadow.offer(answered=Arm(result.arm), result=result, texts=texts, task=task,
                               in_flight=self.in_flight, override=override, parent=obs.context,
-                              request_id=getattr(obs, "request_id", ""))
+                              request_id=getattr(obs, "request_id", ""),
+                              header=headers.get(name) if name and headers is not None else None)
         except Exception:
             log.exception("starting a shadow comparison failed (the response is not affected)")
 

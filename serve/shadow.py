@@ -15,7 +15,13 @@ One answered request (not a fallback, not an idempotent replay) goes through:
 4. **the shadow call**: a background task calls the other arm with its own deadline
    (`shadow_timeout_s`), compares the outputs and records them: per-second counters in Redis
    through the telemetry sink, OpenTelemetry metrics, and a `shadow` span in the request's trace;
-5. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
+5. **slices**: each classify pair is filed under its input's slices (rollout.slices): the
+   dominant script of its text, its length bucket, the baseline's label and, with
+   `CANARY_SLICE_HEADER`, the request's value of that header (bounded per replica by
+   `HeaderValues`). The length is the baseline answer's token count for the request shared
+   among its texts by characters (`tokens_per_input`): exact for one text, approximate for
+   several. A slicing bug costs the slices of that comparison, never the comparison;
+6. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
    differ go, after the capture policy and redaction hook of rollout.flips, to the flip stream
    through the same sink. A failing hook or Redis costs a counter, never the comparison.
 
@@ -35,6 +41,7 @@ at most `shadow_max_concurrency` of them per replica; `close()` cancels the outs
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -48,6 +55,7 @@ from rollout.flips import FlipCapture
 from rollout.policy import Arm, Reason
 from rollout.settings import Settings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
+from rollout.slices import HeaderValues, slices_of, tokens_per_input
 from serve.answer import ModelAnswer
 from serve.observe import call_outcome
 from serve.telemetry import Telemetry
@@ -89,6 +97,21 @@ def _outcome(exc: BaseException) -> str:
     return "mismatch" if isinstance(exc, ShadowMismatch) else call_outcome(exc)
 
 
+def _sliced(pairs: list[PairOutcome], texts: list[str], baseline: ModelAnswer,
+            header: str | None) -> list[PairOutcome]:
+    """The classify pairs with their inputs' slice keys (see the module docstring); the pairs
+    as they are when slicing fails."""
+    try:
+        tokens = tokens_per_input(baseline.tokens, texts)
+        return [dataclasses.replace(pair, slices=slices_of(
+            text, count, output.get("label"), header)) if pair.agreed is not None else pair
+            for pair, text, count, output in zip(pairs, texts, tokens, baseline.outputs,
+                                                  strict=True)]
+    except Exception:
+        log.exception("slicing a shadow comparison failed (it is counted without slices)")
+        return pairs
+
+
 class Shadow:
     """The shadow comparisons of one gateway replica (see the module docstring).
 
@@ -103,6 +126,7 @@ class Shadow:
         self.enabled = settings.shadow_share > 0 and telemetry.enabled
         self.metrics = ShadowMetrics(telemetry.meter)
         self.flips = FlipCapture.from_settings(settings)
+        self.header_values = HeaderValues()  # the CANARY_SLICE_HEADER values, bounded
         self.tasks: set[asyncio.Task] = set()  # shadow calls running
 
     @property
@@ -111,9 +135,10 @@ class Shadow:
 
     def offer(self, *, answered: Arm, result: ModelAnswer, texts: list[str], task: str,
               in_flight: int, override: Reason | None, parent=None,
-              request_id: str = "") -> str:
+              request_id: str = "", header: str | None = None) -> str:
         """Maybe shadow one answered request; what happened: `off`, `unsampled`, `unsafe`,
-        `shed` or `started`. Never awaits; must be called on the gateway's event loop."""
+        `shed` or `started`. `header`: the request's CANARY_SLICE_HEADER value. Never awaits;
+        must be called on the gateway's event loop."""
         settings = self.settings
         if not self.enabled:
             return "off"
@@ -127,8 +152,9 @@ class Shadow:
                 or self.active >= settings.shadow_max_concurrency):
             self._record(target, "shed", shadow_fields(shed=1))
             return "shed"
+        header = self.header_values.admit(header)
         job = asyncio.get_running_loop().create_task(
-            self._run(target, answered, result, list(texts), task, parent, request_id))
+            self._run(target, answered, result, list(texts), task, parent, request_id, header))
         self.tasks.add(job)
         job.add_done_callback(self._done)
         return "started"
@@ -137,7 +163,7 @@ class Shadow:
         self.tasks.discard(job)
 
     async def _run(self, target: Arm, answered: Arm, result: ModelAnswer, texts: list[str],
-                   task: str, parent, request_id: str = "") -> None:
+                   task: str, parent, request_id: str = "", header: str | None = None) -> None:
         span = self.telemetry.tracer.start_span("shadow", context=parent, attributes={
             "canary.arm": target.value, "canary.shadow.of": answered.value,
             "canary.items": len(texts)})
@@ -157,6 +183,7 @@ class Shadow:
             span.end()
             self._record(target, outcome, shadow_fields(errors=1))
             return
+        pairs = _sliced(pairs, texts, baseline, header)
         agreed = [p.agreed for p in pairs if p.agreed is not None]
         margins = [p.margin for p in pairs if p.margin is not None]
         cosines = [p.cosine for p in pairs if p.cosine is not None]

@@ -52,6 +52,7 @@ class ScriptedMetrics:
         self.baseline = stats("baseline", 500)
         self.pairs, self.agreed = 0, 0
         self.confident_pairs, self.confident_flips = 0, 0
+        self.slice_counts: dict[str, tuple[int, int]] = {}  # slice -> (pairs, agreed)
         self.asked: list[int] = []
         self.shadow_asked: list[tuple[int, float | None]] = []  # (last_s, min_margin)
 
@@ -66,6 +67,9 @@ class ScriptedMetrics:
     def confident(self, last_s, min_margin=0.05):
         self.shadow_asked.append((last_s, min_margin))
         return self.confident_pairs, self.confident_flips
+
+    def slices(self, last_s):
+        return dict(self.slice_counts)
 
 
 class Harness:
@@ -148,3 +152,6 @@ class ShadowFedMetrics(ScriptedMetrics):
 
     def confident(self, last_s, min_margin=0.05):
         return self.shadow.confident(last_s, min_margin)
+
+    def slices(self, last_s):
+        return self.shadow.slices(last_s)

@@ -3,7 +3,8 @@
 `arm(arm, last_s)` is `rollout.windows.Windows.arm`; `agreement(last_s)` answers the online
 (shadow) comparison as counts, (pairs, agreed), from which the state machine computes its
 anytime-valid bound (rollout.agreement.agreement_cs), and `confident(last_s, min_margin)` the
-shadow pairs at a baseline margin >= `min_margin` as (pairs, flips). `horizon_s` is the longest
+shadow pairs at a baseline margin >= `min_margin` as (pairs, flips), and `slices(last_s)` the
+shadow pairs per slice (rollout.slices) as slice -> (pairs, agreed). `horizon_s` is the longest
 window they can read: the per-second counters expire after `CANARY_TELEMETRY_WINDOW_TTL_S`.
 Unit tests script this protocol.
 """
@@ -33,6 +34,9 @@ class RampMetrics(Protocol):
         """Shadow pairs at a baseline margin >= `min_margin` (a bucket edge, rollout.shadow)
         over the last `last_s` seconds, and how many of them flipped."""
 
+    def slices(self, last_s: int) -> dict[str, tuple[int, int]]:
+        """Shadow pairs per slice over the last `last_s` seconds: slice -> (pairs, agreed)."""
+
 
 class WindowsMetrics:
     """The ramp's metrics from the per-arm windows (and shadow agreement) in Redis; pass the
@@ -41,7 +45,7 @@ class WindowsMetrics:
     The shadow gates read a whole step, up to `horizon_s` one-second hashes (3,600 by default)
     at every evaluation. So the seconds that ended more than `settle_s` ago (the sinks flush
     within a few seconds) are kept in memory once read, and only the newer ones are read again;
-    the two shadow gates of one evaluation (same second, same span) share one read. As with
+    the shadow gates of one evaluation (same second, same span) share one read. As with
     rollout.series, an increment that lands later than `settle_s` is missed, never counted
     twice. Used by one controller thread."""
 
@@ -61,6 +65,10 @@ class WindowsMetrics:
     def confident(self, last_s: int, min_margin: float = CONFIDENT_MARGIN) -> tuple[int, int]:
         pairs, agreed = self._shadow(last_s).confident_from(min_margin)
         return pairs, pairs - min(agreed, pairs)
+
+    def slices(self, last_s: int) -> dict[str, tuple[int, int]]:
+        return {key: (pairs, agreed)
+                for key, (pairs, agreed, _) in self._shadow(last_s).slices.items()}
 
     def _shadow(self, last_s: int) -> ShadowStats:
         """`Windows.shadow(last_s)`, reading only the seconds not settled in memory."""

@@ -33,6 +33,9 @@ class RedisShadowMetrics(ScriptedMetrics):
     def confident(self, last_s, min_margin=0.05):
         return self.shadow.confident(last_s, min_margin)
 
+    def slices(self, last_s):
+        return self.shadow.slices(last_s)
+
 
 @pytest.fixture
 def telemetry(redis_url):

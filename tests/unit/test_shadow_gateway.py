@@ -325,3 +325,31 @@ def test_close_from_another_thread_cancels_on_the_loop_and_after_the_loop_is_gon
     assert len(stranded.shadow.tasks) == 1
     stranded.shadow.close()  # must not raise
     stranded.close()
+
+
+def test_pairs_are_counted_per_slice_with_the_header_value_capped():
+    async def scenario():
+        rig = Rig(Model("sports", "politics"), slice_header="X-Tenant")
+        texts = ["比赛以平局结束", "The match ended"]
+        for tenant in ["acme", "x" * 300, *(f"t{j}" for j in range(40))]:
+            result = answer("baseline", "politics", "politics")  # the optimized: sports first
+            assert rig.shadow.offer(answered=Arm.BASELINE, result=result, texts=texts,
+                                    task="classify", in_flight=1, override=None,
+                                    header=tenant) == "started"
+            await rig.settle()
+        stats = rig.stats()
+        rig.close()
+        return stats, rig.shadow.header_values
+
+    stats, values = asyncio.run(scenario())
+    assert stats.pairs == 84 and stats.agreed == 42
+    assert stats.slices["script:han"] == (42, 0, 42)  # margin 0.8: confident flips
+    assert stats.slices["script:latin"] == (42, 42, 0)
+    assert stats.slices["label:politics"] == (84, 42, 42)
+    assert stats.slices["length:1-16"] == (84, 42, 42)
+    assert stats.slices["header:acme"] == (2, 1, 1)
+    assert stats.slices["header:" + "x" * 64] == (2, 1, 1)  # cut to 64 characters
+    headers = [key for key in stats.slices if key.startswith("header:")]
+    assert len(headers) == 33 and stats.slices["header:other"] == (20, 10, 10)
+    assert len(values.seen) == 32
+    assert stats.slice_rows(min_pairs=30)[0].slice == "script:han"

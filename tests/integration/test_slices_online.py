@@ -1,0 +1,118 @@
+"""Per-slice online agreement on the real Serve app (issue 25, item 2): a canary that flips
+every Chinese input while agreeing on about 98 % of all inputs is rolled back by the ramp's
+`worst_slice_agreement` gate, where the overall agreement gate passes or waits; and the slice
+of CANARY_SLICE_HEADER, capped in number and length of values."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rollout.ramp import CONTROLLER, parse_plan
+from tests.verdicts import passing_verdict
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 600
+LATIN = ["the match went to extra time", "parliament passed the budget", "rain is expected",
+         "the striker scored twice", "shares fell sharply", "a new vaccine was approved",
+         "the team won the cup"]
+CJK = "中国队的比赛"  # characters the tiny model's vocabulary knows (the fault decodes ids)
+
+
+def shadow_stats(gw):
+    store = gw.telemetry()
+    try:
+        return gw.windows(store).shadow(WINDOW)
+    finally:
+        store.close()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def ramp_env(gw):
+    control = gw.ramp_control()
+    [(baseline, optimized)] = list(control.rollout.live_versions())
+    control.states.put_verdict(passing_verdict(baseline, optimized))
+    yield control
+    ramp = control.ramps.get()
+    if ramp is not None and ramp.active:
+        control.abort(actor="test", reason="test cleanup")
+    gw.redeploy({})
+    gw.set_state(canary_bp=0)
+    control.states.close()
+    control.ramps.close()
+
+
+def test_a_canary_that_breaks_one_script_is_rolled_back_by_the_slice_gate(gw, ramp_env):
+    gw.redeploy({"optimized": {"fault_rotate_script": "han"}}, shadow_share=1.0)
+    plan = parse_plan({"window_s": 30, "gates": {
+        "min_samples": 3, "agreement_lower_bound": 0.95, "min_agreement_pairs": 50,
+        "worst_slice_agreement": 0.9, "min_slice_pairs": 20},
+        "steps": [{"percent": 50, "min_duration_s": 600, "min_samples": 3}, {"percent": 100}]})
+    since = time.time()
+    ramp_env.start(plan, actor="test", reason="one broken script")
+    wait_for(lambda: gw.served_state()["effective_percent"] == 50, 30, "the 50 % step")
+    before = shadow_stats(gw)
+    for i in range(400):  # 8 inputs a request, one Chinese input in every 7th: 1.8 %
+        inputs = [LATIN[(i + j) % len(LATIN)] for j in range(8)]
+        if i % 7 == 0:
+            inputs[i % 8] = CJK
+        assert gw.predict(inputs).status_code == 200
+        if ramp_env.ramps.get().status != "running":
+            break
+    ramp = wait_for(lambda: (r := ramp_env.ramps.get()).status != "running" and r, 30,
+                    "the rollback")
+    assert ramp.status == "aborted" and "worst_slice_agreement" in ramp.reason, ramp.reason
+    failing = [e for e in ramp_env.states.audit() if e.actor == CONTROLLER and e.ts >= since
+               and any(g["status"] == "fail" for g in (e.detail or {}).get("gates", []))][0]
+    gates = {g["name"]: g for g in failing.detail["gates"]}
+    assert gates["worst_slice_agreement"]["status"] == "fail"
+    assert "script:han" in gates["worst_slice_agreement"]["note"]
+    assert gates["agreement_lower_bound"]["status"] in ("pass", "wait")
+    stats = shadow_stats(gw)
+    pairs, agreed = stats.pairs - before.pairs, stats.agreed - before.agreed
+    han = stats.slices["script:han"]
+    latin = stats.slices["script:latin"]
+    assert pairs and agreed / pairs >= 0.98, (agreed, pairs)
+    assert han[0] >= 20 and han[1] == 0, han  # every Chinese input flipped
+    assert latin[0] > 10 * han[0] and latin[1] >= 0.99 * latin[0], latin
+    assert ramp_env.states.get().canary_bp == 0
+    print(f"\nscript:han {han}, script:latin {latin}; overall {agreed}/{pairs}; "
+          f"gates: {gates['worst_slice_agreement']['note']} | "
+          f"{gates['agreement_lower_bound']['status']}: {gates['agreement_lower_bound']['note']}")
+
+
+def test_the_slice_header_is_counted_and_capped(gw):
+    gw.redeploy({}, shadow_share=1.0, slice_header="X-Tenant")
+
+    def probed():  # until the new gateway replica answers (one value: "probe")
+        assert gw.predict(["the team won the cup"], **{"X-Tenant": "probe"}).status_code == 200
+        return shadow_stats(gw).slices.get("header:probe")
+
+    wait_for(probed, 30, "a gateway that counts the header")
+    tenants = ["acme", "y" * 300, *(f"tenant-{i}" for i in range(40))]
+    for tenant in tenants:
+        assert gw.predict(["the team won the cup"], **{"X-Tenant": tenant}).status_code == 200
+    others = len(tenants) + 1 - 32  # "probe" holds one of the 32 values
+    try:
+        stats = wait_for(lambda: (s := shadow_stats(gw)).slices.get("header:other", (0,))[0]
+                         >= others and s, 20, "the header slices")
+    except AssertionError:
+        raise AssertionError(shadow_stats(gw).slices) from None
+    headers = {key: cell for key, cell in stats.slices.items() if key.startswith("header:")}
+    assert headers["header:acme"][0] == 1
+    assert headers["header:" + "y" * 64][0] == 1 and ("header:" + "y" * 65) not in headers
+    assert len(headers) == 33 and headers["header:other"][0] == others
+    assert stats.slices["script:latin"][0] >= len(tenants)
