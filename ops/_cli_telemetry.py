@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ops._cli_format import one_line, table, when
+from ops._cli_slices import status_slice_lines
 from rollout import ArmStats, ShadowStats, TraceSummary
+from rollout.efficiency import Speedup
+from rollout.slices import DEFAULT_MIN_PAIRS
 from rollout.traces import roots
 
 ARM_HEADERS = ("ARM", "REQ/S", "SUCCESS", "ERRORS", "TIMEOUTS", "RETRIES", "P50 MS", "P99 MS",
-               "QUEUE", "BATCH", "COMPUTE MS", "COST/1K")
+               "QUEUE", "BATCH", "COMPUTE MS", "CPU S/1K", "COST/1K")
 # span attributes worth a glance in a waterfall, with their short names
 _SHOWN = (
     ("http.response.status_code", "status"), ("canary.arm", "arm"),
@@ -40,10 +43,32 @@ def arm_rows(stats: Mapping[str, ArmStats]) -> list[str]:
         (s.arm, _num(s.request_rate, 2), _pct(s.success_rate), _pct(s.error_rate),
          _pct(s.timeout_rate), _pct(s.retry_rate), _num(s.p50_ms), _num(s.p99_ms),
          _num(s.queue_mean), _num(s.batch_mean), _num(s.compute_ms, 2),
-         "-" if s.cost_per_1k is None else f"{s.cost_per_1k:.6f}")
+         _cpu_per_1k(s), _cost_per_1k(s))
         for s in stats.values()
     ]
     return table(ARM_HEADERS, rows)
+
+
+def _cpu_per_1k(stats: ArmStats) -> str:
+    """Measured forward seconds per 1,000 inputs (`gpu` after it on a CUDA replica)."""
+    per_1k, device = stats.cpu_per_1k, stats.cpu.device
+    if per_1k is None:
+        return "-"
+    return f"{per_1k:.4g}" + ("" if device == "cpu" else f" {device}")
+
+
+def _cost_per_1k(stats: ArmStats) -> str:
+    """The priced cost of 1,000 calls; without a price (CANARY_DEVICE_HOUR_PRICE: a cost of
+    0), the CPU seconds per 1,000 inputs, so the column never reads 0."""
+    if stats.cost_per_1k:
+        return f"{stats.cost_per_1k:.6f}"
+    per_1k = _cpu_per_1k(stats)
+    return "-" if per_1k == "-" else f"{per_1k} cpu-s"
+
+
+def efficiency_line(result: Speedup) -> str:
+    """The realized speedup over the window, one line."""
+    return ("realized speedup (baseline / optimized CPU s per input): " + result.text())
 
 
 def shadow_lines(stats: ShadowStats) -> list[str]:
@@ -66,6 +91,7 @@ def shadow_lines(stats: ShadowStats) -> list[str]:
         rows = [(label, f"{pairs:,}", f"{pairs - agreed:,}", _pct2(agreed / pairs))
                 for label, (agreed, pairs) in stats.by_margin.items() if pairs]
         lines += ["  " + line for line in table(("MARGIN", "PAIRS", "FLIPS", "AGREEMENT"), rows)]
+    lines += status_slice_lines(stats.slice_rows(DEFAULT_MIN_PAIRS), DEFAULT_MIN_PAIRS)
     return lines
 
 

@@ -164,7 +164,7 @@ class ModelSettings(BaseSettings):
     )
     optimized_recipe: Recipe = Field(
         "auto", description="the optimized arm's recipe ([Optimization recipes](recipes.md)); "
-        "`auto`: the fastest candidate for this host that passes the gate on the calibration "
+        "`auto`: the fastest candidate for this host that passes the gate on the validation "
         "split, measured once and cached ([`auto`](recipes.md#auto-the-recipe-picked-by-"
         "measurement)); a named recipe pins it"
     )
@@ -310,6 +310,16 @@ class VerifySettings(BaseSettings):
         0.95, ge=-1, le=1,
         description="verify fails below this 1st percentile of embedding cosine (encoders; a "
         "classifier has no embedding to compare)",
+    )
+    verify_min_slice_agreement: float = Field(
+        0.95, ge=0, le=1,
+        description="verify fails when a judged slice (script, length bucket, baseline label) "
+        "agrees below this beyond doubt: the upper end of its 95 % Wilson interval is below it",
+    )
+    verify_min_slice_size: int = Field(
+        30, ge=1, le=1_000_000,
+        description="inputs a slice needs before verify judges it (smaller slices are shown, "
+        "not judged)",
     )
     verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
         (1, 8, 32), description="batch sizes whose throughput verify measures (comma-separated, "
@@ -570,6 +580,14 @@ class ShadowSettings(BaseSettings):
     shadow_timeout_s: float = Field(
         5.0, gt=0, le=600, description="deadline of one shadow call (it never holds up the "
         "response)"
+    )
+    slice_header: str = Field(
+        "", max_length=100, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]*$",
+        description="request header whose value is a slice of the shadow comparison (e.g. a "
+        "tenant or locale header: `header:<value>`, beside script, length and label; see "
+        "[Per-slice agreement](operator-guide.md#per-slice-agreement)); at most 32 values of at "
+        "most 64 printable characters per gateway replica, later ones count as `other`; empty: "
+        "off",
     )
     flip_capture: bool = Field(
         False, description="keep the inputs of shadowed classify pairs whose top-1 labels "

@@ -26,11 +26,13 @@ from ray import serve
 
 from rollout import open_store
 from rollout.settings import Settings
+from rollout.slices import script_of
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.autopick import describe
 from serve.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
 from serve.compute import ComputeFollower
+from serve.cputime import ForwardClock, burn_cpu, shares
 from serve.memory import Trimmer, release_free_memory
 from serve.telemetry import Telemetry
 from serve.tracing import Marks, WallClock, record_model_spans
@@ -63,6 +65,7 @@ class _Forwarded:
     batch_start: float
     forward_start: float
     forward_end: float
+    cpu_s: float | None = None  # its share of the batch's forward seconds (serve.cputime)
 
 
 def _carried(exc: BaseException) -> Exception:
@@ -104,17 +107,40 @@ def rotate_labels(outputs: list[dict]) -> list[dict]:
     return rotated
 
 
+def rotate_script(outputs: list[dict], encoded: Encoded, tokenizer, script: str) -> list[dict]:
+    """Fault injection (`fault_rotate_script`): `rotate_labels` for the inputs whose
+    dominant script (rollout.slices.script_of, read from their decoded token ids) is `script`
+    only: an arm that breaks one script and agrees elsewhere."""
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in encoded.ids]
+    return [rotate_labels([output])[0] if script_of(text) == script else output
+            for output, text in zip(outputs, texts, strict=True)]
+
+
+def startup_threads(settings: Settings) -> int:
+    """Torch threads while a replica builds its model (`auto` measuring its candidates, a
+    calibrated recipe searching): every core, since no replica serves before its models are
+    built, unless `CANARY_TORCH_THREADS` pins a count. Then the replica's share
+    (`threads_per_model`). `rollout verify` measures on every core too, so both time the
+    candidates alike."""
+    return settings.torch_threads or (os.cpu_count() or 1)
+
+
 @serve.deployment(name="model", health_check_period_s=10, health_check_timeout_s=30)
 class ModelServer:
     def __init__(self, settings: Settings, arm: str):
-        torch.set_num_threads(settings.threads_per_model())
+        share = settings.threads_per_model()
+        torch.set_num_threads(startup_threads(settings))
         self.arm = arm
         self.variant = Variant(settings, arm, progress=_startup_log(arm))
         if self.variant.choice is not None:
             _startup_log(arm)(describe(self.variant.choice), None)
+        torch.set_num_threads(share)
+        if (resize := getattr(self.variant.model, "resize", None)) is not None:
+            resize(share)
         self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
         self.max_batch_tokens = settings.max_batch_tokens
         self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
+        self.forward_clock = ForwardClock(self.variant.device)
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
         self.waiting = 0  # requests queued for a batch in this replica
         self._forwarding = 0  # batches in the forward thread
@@ -151,9 +177,12 @@ class ModelServer:
         """Live settings (Serve `user_config`, applied without a restart).
 
         `max_batch_size`, `batch_wait_ms`: the batching limits. `fault_delay_ms`, `fault_error`,
-        `fault_oom_tokens`, `fault_rotate_labels`: fault injection for drills and tests (every
-        batch is delayed, or fails, or forwards over that many padded tokens run out of
-        memory, or every classify answer's scores move one label on); off unless set.
+        `fault_oom_tokens`, `fault_rotate_labels`, `fault_cpu_ms`: fault injection for drills
+        and tests (every batch is delayed, or fails, or forwards over that many padded tokens
+        run out of memory, or every classify answer's scores move one label on, or every
+        forward spins that many ms of CPU first: a slower optimized arm); off unless set.
+        `fault_rotate_script` (a script of rollout.slices, e.g. `han`): the label rotation for
+        the inputs of that script only (`rotate_script`).
         """
         size = int(user_config.get("max_batch_size", self.max_batch_size))
         wait_ms = float(user_config.get("batch_wait_ms", self.batch_wait_ms))
@@ -166,12 +195,16 @@ class ModelServer:
         self.fault_error = bool(user_config.get("fault_error", False))
         self.fault_oom_tokens = int(user_config.get("fault_oom_tokens", 0))
         self.fault_rotate_labels = bool(user_config.get("fault_rotate_labels", False))
+        self.fault_rotate_script = str(user_config.get("fault_rotate_script", ""))
+        self.fault_cpu_s = float(user_config.get("fault_cpu_ms", 0)) / 1000
 
     def _forward(self, rows):
         """One forward; with `fault_oom_tokens` set, more padded tokens than that run out of
         memory, as a too-large batch would on a real device."""
         if self.fault_oom_tokens and len(rows) * max(map(len, rows)) > self.fault_oom_tokens:
             raise torch.OutOfMemoryError(f"injected out of memory in the {self.arm} model")
+        if self.fault_cpu_s:
+            burn_cpu(self.fault_cpu_s)
         return self.variant.forward_rows(rows)
 
     def info(self) -> dict:
@@ -233,7 +266,7 @@ class ModelServer:
             if isinstance(forwarded.rows, (RowsDidNotFit, Expired)):
                 raise forwarded.rows
             marks.post_start = time.perf_counter()
-            outputs = self._postprocess(task, forwarded.rows)
+            outputs = self._postprocess(task, forwarded.rows, encoded)
             marks.done = time.perf_counter()
         except BaseException as exc:
             if clock is not None:
@@ -262,10 +295,13 @@ class ModelServer:
         finally:
             item.leave()
 
-    def _postprocess(self, task: str, rows) -> list[dict]:
+    def _postprocess(self, task: str, rows, encoded: Encoded | None = None) -> list[dict]:
         outputs = self.variant.postprocess(task, rows)
         if self.fault_rotate_labels and task == "classify":
             outputs = rotate_labels(outputs)
+        if getattr(self, "fault_rotate_script", "") and task == "classify" and encoded:
+            outputs = rotate_script(outputs, encoded, self.variant.tokenizer,
+                                    self.fault_rotate_script)
         return outputs
 
     def _answer(self, outputs: list[dict], encoded: Encoded, forwarded: _Forwarded,
@@ -282,6 +318,7 @@ class ModelServer:
             timing=StageTiming(preprocess=preprocess, queue=forwarded.queue_ms,
                                model=forwarded.model_ms,
                                postprocess=_ms(marks.done - marks.post_start)),
+            cpu_s=forwarded.cpu_s, gpu=self.forward_clock.gpu,
         )
 
     async def predict_many(self, calls: list[tuple]) -> list[ModelAnswer | Exception]:
@@ -331,9 +368,10 @@ class ModelServer:
             return deadlines[request] is not None and time.time() + forward_s >= deadlines[request]
 
         try:
-            rows = await loop.run_in_executor(
-                self._forward_pool, run_budgeted, [item.ids for item in batch], self._forward,
-                self.max_batch_tokens, self.variant.split_tokens, expired,
+            rows, forward_cpu_s = await loop.run_in_executor(
+                self._forward_pool, self.forward_clock.timed, run_budgeted,
+                [item.ids for item in batch], self._forward, self.max_batch_tokens,
+                self.variant.split_tokens, expired,
             )
         finally:
             self._forwarding -= 1
@@ -346,10 +384,11 @@ class ModelServer:
         self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
+        cpu = shares(forward_cpu_s, [len(item.ids) for item in batch], rows)
         return [
             _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items, batch_id,
-                       started, forward_start, forward_end)
-            for r, item in zip(rows, queued, strict=True)
+                       started, forward_start, forward_end, cpu_s)
+            for r, item, cpu_s in zip(rows, queued, cpu, strict=True)
         ]
 
     def __del__(self):

@@ -3,16 +3,22 @@
 A gate is on when the plan sets its `Gates` field. Each spec says how the gate's numbers are
 read (`read`: value, threshold, note), the comparison a pass needs (`op`, `judge`), and what
 happens when it cannot be judged: a shadow gate (`shadow`: it judges the step's shadow pairs,
-which only accumulate) then waits, which holds the ramp; any other one is `n/a` and leaves the
-judgement to the others. Too few canary samples in the window make every gate wait.
+which only accumulate) then waits, which holds the ramp, and so does `realized_speedup`
+(`waits`: a ramp must not climb on a cost it has not seen); any other one is `n/a` and leaves
+the judgement to the others. Too few canary samples in the window make every gate wait.
 
 The shadow gates judge every shadow pair since the step started (at most the telemetry's
 retention, `metrics.horizon_s`) and need `min_agreement_pairs`: `agreement_lower_bound` all of
 them, through an anytime-valid 95 % confidence sequence (rollout.agreement.agreement_cs: passes
 when its lower end reaches the threshold, fails when its upper end is below it, else waits), so
 that looking every few seconds does not inflate the chance of passing a canary that is truly
-below the threshold; `confident_flip_rate` those at a baseline margin >= `gates.min_margin`.
-The other gates judge the last `window_s` seconds.
+below the threshold; `confident_flip_rate` those at a baseline margin >= `gates.min_margin`;
+`worst_slice_agreement` each slice's pairs (rollout.slices), see `_read_slices`.
+The other gates judge the last `window_s` seconds. `realized_speedup` judges the baseline's
+CPU seconds per input over the optimized arm's (rollout.efficiency) on its 99.9 % interval, as
+`agreement_lower_bound` judges its sequence: it passes when the lower end reaches the minimum
+ratio, fails when the upper end is below it, else waits; too few measured requests on either
+arm (`min_samples`) wait too.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from rollout.agreement import agreement_cs
+from rollout.agreement import CS_ALPHA, agreement_cs
+from rollout.efficiency import Z_GATE, speedup
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.plan import Gates, RampPlan
 from rollout.windows import ArmStats
@@ -43,6 +50,7 @@ class GateResult:
     threshold: float | None
     status: Literal["pass", "fail", "wait", "n/a"]
     note: str = ""
+    rows: tuple[dict, ...] = ()  # worst_slice_agreement: its slice table, worst first
 
     def text(self) -> str:
         value = "-" if self.value is None else f"{self.value:.4g}"
@@ -77,6 +85,7 @@ class Reading:
     note: str = ""
     ready: bool = True
     interval: tuple[float, float] | None = None
+    rows: tuple[dict, ...] = ()  # a table shown with the result (the slices)
 
 
 def _exceeds(reading: Reading) -> bool:
@@ -105,10 +114,11 @@ class GateSpec:
     op: Literal[">=", "<="] = "<="
     judge: Callable[[Reading], bool | None] = _exceeds
     shadow: bool = False
+    waits: bool = False  # not a shadow gate, but one that cannot be judged waits all the same
 
     @property
     def unjudged(self) -> Literal["wait", "n/a"]:
-        return "wait" if self.shadow else "n/a"
+        return "wait" if self.shadow or self.waits else "n/a"
 
 
 def _read_agreement(inputs: GateInputs) -> Reading:
@@ -136,6 +146,68 @@ def _read_confident_flips(inputs: GateInputs) -> Reading:
                        f"{pairs}/{gates.min_agreement_pairs} confident shadow pairs {where}",
                        ready=False)
     return Reading(flips / pairs, gates.confident_flip_rate, f"{flips} of {pairs} flipped {where}")
+
+
+MAX_JUDGED_SLICES = 64  # worst_slice_agreement: the alpha split, fixed before any look
+
+
+def _judged_slices(inputs: GateInputs, slices: dict[str, tuple[int, int]]
+                   ) -> tuple[list[tuple[str, int, int]], int]:
+    """(slice, pairs, agreed) of the slices with at least `min_slice_pairs` pairs, the
+    MAX_JUDGED_SLICES largest of them (ties by name), and how many more there were."""
+    judged = [(key, pairs, min(agreed, pairs)) for key, (pairs, agreed) in slices.items()
+              if pairs >= inputs.gates.min_slice_pairs]
+    judged.sort(key=lambda cell: (-cell[1], cell[0]))
+    return judged[:MAX_JUDGED_SLICES], max(len(judged) - MAX_JUDGED_SLICES, 0)
+
+
+def _read_slices(inputs: GateInputs) -> Reading:
+    """`worst_slice_agreement`: every slice with `min_slice_pairs` shadow pairs in the step
+    is judged by its own anytime-valid confidence sequence (rollout.agreement.agreement_cs) at
+    alpha = CS_ALPHA / MAX_JUDGED_SLICES (Bonferroni): fails when any slice's upper end is
+    below the threshold, passes when every slice's lower end reaches it, else waits; the value
+    is the worst slice's lower end and the note names it (the failing one with the lowest
+    upper end, when one fails).
+
+    The split is honest as slices appear because its size is fixed before any look, not taken
+    from the slices seen: every slice is judged at CS_ALPHA / 64 from its first look on, and at
+    most 64 are judged, so over all looks and slices together a canary at or above the
+    threshold in every slice is failed (or one below it in some slice passed) with
+    probability <= CS_ALPHA. Which slices are judged depends only on pair counts (which inputs
+    arrived), never on whether they agreed. The counts are bounded well below 64 in practice
+    (12 scripts, 4 length buckets, the model's labels, at most 33 header values per gateway
+    replica); beyond 64 judged slices the largest 64 are judged and the note says so."""
+    gates, threshold = inputs.gates, inputs.gates.worst_slice_agreement
+    slices = inputs.metrics.slices(inputs.shadow_s)
+    judged, skipped = _judged_slices(inputs, slices)
+    if not judged:
+        return Reading(None, threshold, f"no slice has {gates.min_slice_pairs} shadow pairs "
+                       f"in {inputs.span}", ready=False, rows=_slice_rows(slices, {}))
+    alpha = CS_ALPHA / MAX_JUDGED_SLICES
+    ends = {key: (*agreement_cs(agreed, pairs, threshold, alpha=alpha), agreed, pairs)
+            for key, pairs, agreed in judged}
+    failing = [key for key, (_, upper, _, _) in ends.items() if upper < threshold]
+    worst = (min(failing, key=lambda k: ends[k][1]) if failing
+             else min(ends, key=lambda k: (ends[k][0], k)))
+    lower, upper, agreed, pairs = ends[worst]
+    value = min(end[0] for end in ends.values())
+    note = (f"worst slice {worst}: anytime CS [{lower:.4f}, {upper:.4f}] of {agreed}/{pairs} "
+            f"agreed; {len(ends)} slices judged at alpha {CS_ALPHA:g}/{MAX_JUDGED_SLICES} "
+            f"in {inputs.span}" + (f" ({skipped} smaller slices not judged)" if skipped else ""))
+    interval = (value, min(end[1] for end in ends.values()))
+    return Reading(value, threshold, note, interval=interval, rows=_slice_rows(slices, ends))
+
+
+def _slice_rows(slices: dict[str, tuple[int, int]], ends: dict[str, tuple]) -> tuple[dict, ...]:
+    """Every slice as a row, worst first: the judged ones by the lower end of their sequence
+    (`lower`, `upper`), then the others (too few pairs: no sequence) by agreement."""
+    rows = [{"slice": key, "pairs": pairs, "agreed": min(agreed, pairs),
+             "agreement": min(agreed, pairs) / pairs if pairs else None,
+             "lower": ends[key][0] if key in ends else None,
+             "upper": ends[key][1] if key in ends else None, "judged": key in ends}
+            for key, (pairs, agreed) in slices.items()]
+    return tuple(sorted(rows, key=lambda r: (
+        not r["judged"], r["lower"] if r["judged"] else r["agreement"] or 0.0, r["slice"])))
 
 
 def _read_error_rate(inputs: GateInputs) -> Reading:
@@ -169,15 +241,33 @@ def _read_fallback_rate(inputs: GateInputs) -> Reading:
                    inputs.gates.fallback_rate)
 
 
+def _read_realized_speedup(inputs: GateInputs) -> Reading:
+    """`realized_speedup`: baseline ÷ optimized CPU seconds per input over the window, on its
+    99.9 % interval (rollout.efficiency: the interval is looked at at every evaluation)."""
+    gates, threshold = inputs.gates, inputs.gates.realized_speedup
+    baseline, canary = inputs.baseline.cpu, inputs.canary.cpu
+    result = speedup(baseline, canary, Z_GATE)
+    counts = f"{baseline.requests}/{canary.requests} measured baseline/optimized requests"
+    if min(baseline.requests, canary.requests) < gates.min_samples or result.lower is None:
+        why = result.note or f"{counts}, {gates.min_samples} needed on each"
+        return Reading(result.ratio, threshold, why, ready=False)
+    return Reading(result.ratio, threshold, f"99.9% CI [{result.lower:.3g}, {result.upper:.3g}]"
+                   f" of {counts}", interval=(result.lower, result.upper))
+
+
 GATE_SPECS: tuple[GateSpec, ...] = (  # in the order they are judged and shown
     GateSpec("agreement_lower_bound", "agreement_lower_bound", _read_agreement, op=">=",
              judge=_outside_interval, shadow=True),
     GateSpec("confident_flip_rate", "confident_flip_rate", _read_confident_flips, shadow=True),
+    GateSpec("worst_slice_agreement", "worst_slice_agreement", _read_slices, op=">=",
+             judge=_outside_interval, shadow=True),
     GateSpec("error_rate", "error_rate_delta", _read_error_rate),
     GateSpec("timeout_rate", "timeout_rate", _read_timeout_rate),
     GateSpec("p99_ratio", "p99_ratio", _read_p99_ratio),
     GateSpec("p99_ms", "p99_ms", _read_p99_ms),
     GateSpec("fallback_rate", "fallback_rate", _read_fallback_rate),
+    GateSpec("realized_speedup", "realized_speedup", _read_realized_speedup, op=">=",
+             judge=_outside_interval, waits=True),
 )
 GATES_BY_NAME = {spec.name: spec for spec in GATE_SPECS}
 SHADOW_GATES = tuple(spec.name for spec in GATE_SPECS if spec.shadow)  # wait for shadow pairs
@@ -187,16 +277,17 @@ def _judge_gate(spec: GateSpec, reading: Reading, few: str | None) -> GateResult
     """One gate's result: `wait` on too few canary samples (`few`), else pass or fail, or the
     spec's `unjudged` status when its reading cannot say."""
     if few is not None:
-        return GateResult(spec.name, reading.value, reading.threshold, "wait", few)
+        return GateResult(spec.name, reading.value, reading.threshold, "wait", few, reading.rows)
     bad = spec.judge(reading) if reading.ready else None
     status = spec.unjudged if bad is None else "fail" if bad else "pass"
-    return GateResult(spec.name, reading.value, reading.threshold, status, reading.note)
+    return GateResult(spec.name, reading.value, reading.threshold, status, reading.note,
+                      reading.rows)
 
 
 def judge_gates(ramp: _Planned, metrics: RampMetrics, window_s: int,
                 step_s: int | None = None) -> tuple[int, list[GateResult]]:
     """Every gate of the plan (`GATE_SPECS`) over the last `window_s` seconds, and the
-    canary's sample count; the two shadow gates judge the step's whole `step_s` seconds (capped
+    canary's sample count; the shadow gates judge the step's whole `step_s` seconds (capped
     at what the metrics keep, `metrics.horizon_s`), a sample that only grows, as an
     anytime-valid bound needs."""
     gates = ramp.plan.gates

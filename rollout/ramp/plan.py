@@ -8,15 +8,19 @@
       confident_flip_rate: 0.0     # shadow pairs at baseline margin >= min_margin flipped <= C
       min_margin: 0.05             # a bucket edge: 0.005, 0.01, 0.02, 0.05 or 0.1
       min_agreement_pairs: 50      # shadow pairs needed to judge either agreement gate
+      worst_slice_agreement: 0.9   # every slice's agreement (anytime CS, alpha split) >= W
+      min_slice_pairs: 50          # shadow pairs a slice needs before it is judged
       error_rate_delta: 0.01       # canary error rate <= baseline error rate + Y
       timeout_rate: 0.01           # canary timeout rate <= Z
       p99_ratio: 1.5               # canary p99 <= baseline p99 x R
       p99_ms: 500                  # canary p99 <= this many ms
       fallback_rate: 0.02          # canary requests answered by the baseline fallback <= F
+      realized_speedup: 1.2        # baseline ÷ optimized CPU s per input (99.9 % interval) >= S
     checks:                  # HTTP checks judged at every step (rollout.ramp.checks)
       - {url: "http://monitor:8080/canary", field: data.error_rate, max: 0.01}
     progress_deadline_s: 3600  # a step held this long past its soak ends the ramp ...
     on_deadline: abort         # ... by aborting it (share 0) or pausing it (`pause`)
+    accept_verdict_without_speed: false  # climb on a verdict stored by `verify --no-speed`
     steps:
       - {percent: 1, min_duration_s: 300, min_samples: 200}
       - {percent: 50, min_duration_s: 600, min_samples: 1000, approval: true,
@@ -79,11 +83,20 @@ class Gates(BaseModel):
     min_margin: float = Field(CONFIDENT_MARGIN, description="a flip at a baseline margin >= "
                               "this counts in confident_flip_rate (a margin bucket edge)")
     min_agreement_pairs: int = Field(50, ge=1, le=100_000_000)
+    worst_slice_agreement: float | None = Field(
+        None, ge=0, le=1, description="every judged slice's online agreement (script, length, "
+        "label, header: rollout.slices) must reach this (rollout.ramp.gates)")
+    min_slice_pairs: int = Field(50, ge=1, le=100_000_000,
+                                 description="shadow pairs a slice needs before it is judged")
     error_rate_delta: float | None = Field(None, ge=0, le=1)
     timeout_rate: float | None = Field(None, ge=0, le=1)
     p99_ratio: float | None = Field(None, ge=1, le=1000)
     p99_ms: float | None = Field(None, gt=0, le=3_600_000)
     fallback_rate: float | None = Field(None, ge=0, le=1)
+    realized_speedup: float | None = Field(
+        None, gt=0, le=1000, description="the minimum realized speedup on live traffic: "
+        "baseline ÷ optimized CPU seconds per input, judged on its interval "
+        "(rollout.efficiency, rollout.ramp.gates)")
 
     @field_validator("min_margin")
     @classmethod
@@ -96,8 +109,9 @@ class Gates(BaseModel):
 
     @model_validator(mode="after")
     def _some_gate(self):
-        names = ("agreement_lower_bound", "confident_flip_rate", "error_rate_delta",
-                 "timeout_rate", "p99_ratio", "p99_ms", "fallback_rate")
+        names = ("agreement_lower_bound", "confident_flip_rate", "worst_slice_agreement",
+                 "error_rate_delta", "timeout_rate", "p99_ratio", "p99_ms", "fallback_rate",
+                 "realized_speedup")
         if all(getattr(self, name) is None for name in names):
             raise ValueError(f"give at least one gate ({', '.join(names)})")
         return self
@@ -115,6 +129,8 @@ class RampPlan(BaseModel):
     progress_deadline_s: float | None = Field(
         None, gt=0, le=30 * 86_400, description="seconds a step may be held past its soak")
     on_deadline: Literal["abort", "pause"] = "abort"
+    accept_verdict_without_speed: bool = Field(
+        False, description="climb on a verify verdict stored with --no-speed")
 
     @model_validator(mode="after")
     def _rising_to_100(self):

@@ -41,6 +41,32 @@ function fill(table, headers, rows) {
 
 // --- status ---------------------------------------------------------------------------------
 
+const CPU_HINT = "CPU seconds of the arm's forwards per 1,000 inputs, as its replicas measured them (GPU seconds on a CUDA replica)";
+
+// measured forward seconds per 1,000 inputs ("gpu" after it on a CUDA replica)
+function cpuPer1k(x) {
+  if (x.cpu_per_1k === null || x.cpu_per_1k === undefined) return "–";
+  const device = x.cpu && x.cpu.device !== "cpu" ? ` ${x.cpu.device}` : "";
+  return `${+x.cpu_per_1k.toPrecision(4)}${device}`;
+}
+
+// without a device price the cost column shows CPU seconds per 1,000 inputs, never 0
+function unpricedCost(x) {
+  const cpu = cpuPer1k(x);
+  return cpu === "–" ? "no price" : `${cpu} cpu-s`;
+}
+
+// the realized speedup: baseline ÷ optimized CPU seconds per input, with its 95 % interval
+function speedupText(e) {
+  const counts = `${e.baseline_n} baseline, ${e.optimized_n} optimized requests`;
+  const lead = "realized speedup (baseline ÷ optimized CPU s per input): ";
+  if (e.ratio === null) return `${lead}– (${e.note}; ${counts})`;
+  if (e.lower === null) return `${lead}${+e.ratio.toPrecision(3)}× (${e.note}; ${counts})`;
+  const level = `${+(e.confidence * 100).toPrecision(4)} %`;
+  return `${lead}${+e.ratio.toPrecision(3)}× (${level} CI ${+e.lower.toPrecision(3)}–` +
+    `${+e.upper.toPrecision(3)}; ${counts})`;
+}
+
 function renderStatus(s) {
   view.revision = s.revision;
   view.actions = s.actions;
@@ -65,16 +91,18 @@ function renderStatus(s) {
 
   const traffic = s.traffic || {};
   const arms = traffic.arms || {};
-  fill($("arms"), ["arm", "req/s", "success", "errors", "timeouts", "retries", "p50 ms", "p99 ms", "queue", "batch", "cost/1k"],
+  fill($("arms"), ["arm", "req/s", "success", "errors", "timeouts", "retries", "p50 ms", "p99 ms", "queue", "batch", "cpu s/1k", "cost/1k"],
     ARMS.filter(a => arms[a]).map(a => {
       const x = arms[a];
       const unpriced = s.device_hour_price === 0;
       const tr = row([a, num(x.request_rate, 2), pct(x.success_rate), pct(x.error_rate), pct(x.timeout_rate),
         pct(x.retry_rate), num(x.p50_ms), num(x.p99_ms), num(x.queue_mean), num(x.batch_mean),
-        unpriced ? "no price" : x.cost_per_1k === null ? "–" : x.cost_per_1k.toFixed(6)]);
+        cpuPer1k(x), unpriced ? unpricedCost(x) : x.cost_per_1k === null ? "–" : x.cost_per_1k.toFixed(6)]);
+      tr.children[10].title = CPU_HINT;
       if (unpriced) tr.lastChild.title = UNPRICED;
       return tr;
     }));
+  if (traffic.efficiency) $("arms").appendChild(row([speedupText(traffic.efficiency)], { wrap: [0] }));
   if (traffic.error) $("arms").appendChild(row([`telemetry unavailable: ${traffic.error}`], { wrap: [0] }));
 
   // header routes (`rollout route add|list|remove`), tried in id order before the share
@@ -121,16 +149,46 @@ function renderAgreement(a) {
   point.className = "point";
   point.style.left = `${a.agreement * 100}%`;
   band.append(range, point);
-  body.append(text, band);
+  body.append(text, band, sliceTable(a.slice_table || []));
+}
+
+// the slice table (rollout.slices), worst first: the worst SLICE_ROWS rows and a count of the rest
+const SLICE_ROWS = 10;
+
+function sliceTable(rows) {
+  const t = document.createElement("table");
+  t.id = "agreement-slices";
+  fill(t, ["slice", "pairs", "flips", "confident flips", "agreement", "95 % lower", ""],
+    rows.slice(0, SLICE_ROWS).map(r => row([r.slice, r.n, r.n - r.agreed, r.confident_flips,
+      pct(r.agreement), pct(r.lower_bound), r.judged ? "" : "small"], { wrap: [0] })));
+  if (rows.length > SLICE_ROWS) t.appendChild(row([`… and ${rows.length - SLICE_ROWS} more slices`]));
+  t.hidden = !rows.length;
+  return t;
+}
+
+// the worst_slice_agreement gate's slices: each judged slice's anytime-valid sequence
+function gateSliceTable(gates) {
+  const rows = (gates.find(g => g.rows && g.rows.length) || { rows: [] }).rows;
+  const t = document.createElement("table");
+  t.id = "ramp-slices";
+  const end = v => v === null || v === undefined ? "–" : Number(v).toFixed(4);
+  fill(t, ["slice", "pairs", "agreement", "CS lower", "CS upper", ""],
+    rows.slice(0, SLICE_ROWS).map(r => row([r.slice, r.pairs, pct(r.agreement), end(r.lower),
+      end(r.upper), r.judged ? "" : "not judged"], { wrap: [0] })));
+  if (rows.length > SLICE_ROWS) t.appendChild(row([`… and ${rows.length - SLICE_ROWS} more slices`]));
+  t.hidden = !rows.length;
+  return t;
 }
 
 // --- ramp: `rollout ramp status --json` plus `active` ----------------------------------------
 
-const GATE_OPS = { agreement_lower_bound: "≥" };
+const GATE_OPS = { agreement_lower_bound: "≥", realized_speedup: "≥", worst_slice_agreement: "≥" };
 // what the two shadow gates' values are (their notes give the counts and the window)
 const GATE_HINTS = {
   agreement_lower_bound: "agreement: lower end of an anytime-valid 95 % confidence sequence over the step",
   confident_flip_rate: "flips / pairs at baseline margin ≥ min_margin over the step",
+  realized_speedup: "baseline ÷ optimized CPU seconds per input over the window, judged on its 99.9 % interval",
+  worst_slice_agreement: "the worst slice's lower end of an anytime-valid confidence sequence (alpha split across slices) over the step",
 };
 
 function renderRamp(r) {
@@ -189,7 +247,7 @@ function renderRamp(r) {
   note.textContent = last ? `last evaluation ${when(last.ts)}: ${last.reason}` +
     (r.controller ? ` (controller ${r.controller})` : " (no controller holds the lease)")
     : "not evaluated yet";
-  body.append(head, steps, gates, checks, note);
+  body.append(head, steps, gates, gateSliceTable((last && last.gates) || []), checks, note);
 }
 
 // --- charts -----------------------------------------------------------------------------------
