@@ -121,11 +121,14 @@ _COMMANDS = {
         "Load the baseline and the optimized variant in this process, run the regression set\n"
         "through both and report top-1 agreement with its 95% Wilson interval, the flipped\n"
         "inputs with both margins (confident flips, at a baseline margin >= 0.05, apart),\n"
-        "agreement by baseline margin, embedding cosine, accuracy on labelled inputs,\n"
-        "throughput at several batch sizes on length-sorted (served) and set-order batches,\n"
-        "and memory. The verdict is stored in Redis against the two versions. Exits 1 when a\n"
-        "threshold (CANARY_VERIFY_*) is not met. Loading the models takes seconds; the\n"
-        "accuracy-aware recipe computes its plan once (about a minute) and caches it.",
+        "agreement by baseline margin and by slice (script, length, baseline label; worst\n"
+        "first), embedding cosine, accuracy on labelled inputs, throughput at several batch\n"
+        "sizes on length-sorted (served) and set-order batches, and memory. On the configured\n"
+        "set only its held-out split is judged (inputs no recipe tuned on and `auto` did not\n"
+        "choose on); the calibration split's figures are shown beside them. The verdict, with\n"
+        "the thresholds, split and set it was judged with, is stored in Redis against the two\n"
+        "versions. Exits 1 when a threshold (CANARY_VERIFY_*) is not met. Loading the models\n"
+        "takes seconds; a calibrated recipe builds once (about a minute) and is cached.",
         "examples:\n  rollout verify\n  rollout verify --recipe bf16 --limit 500 --no-store\n"
         "  rollout verify --recipe accuracy-aware --json | jq .agreement_lower_bound\n"
         "  rollout verify --set my-inputs.jsonl   # one JSON object per line: text, label?",
@@ -186,13 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="JSONL set to judge on (default: CANARY_REGRESSION_SET, else the "
                              "shipped set); calibration (ov-int8, onnx-int8, accuracy-aware, "
                              "auto) keeps CANARY_REGRESSION_SET's split, so the variant judged "
-                             "is the one the gateway serves")
+                             "is the one the gateway serves; another set is judged whole")
     verify.add_argument("--recipe", metavar="NAME",
                         help="optimization recipe of the optimized variant (default: "
                              "CANARY_OPTIMIZED_RECIPE); see docs/recipes.md for the list")
     verify.add_argument("--limit", metavar="N", type=_positive, help="only the first N inputs")
     verify.add_argument("--no-speed", action="store_true",
-                        help="skip the throughput and memory measurement (and the speedup gate)")
+                        help="skip the throughput and memory measurement (and the speedup "
+                             "gate); a ramp climbs on such a verdict only when its plan sets "
+                             "accept_verdict_without_speed")
     verify.add_argument("--sorted", action="store_true",
                         help="no-op, kept for old scripts: speed is always timed on "
                              "length-sorted batches (the gated speedup) and in set order")

@@ -7,6 +7,9 @@ from rollout.agreement import Pair, Summary
 
 SHOW_FLIPS = 20  # confident flips shown in the table (all of them are in --json)
 SHOW_NEAR_TIES = 10  # near-tie flips shown
+SHOW_SLICES = 15  # slices shown in the table, worst first (all of them are in --json)
+SPLITS = {"held-out": "held-out split: inputs neither a recipe's tuning nor `auto` saw",
+          "external": "all of it: a set other than the configured one, seen by neither"}
 
 
 def _pct(value: float | None, digits: int = 2) -> str:
@@ -38,9 +41,9 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "agreement": s.agreement,
         "agreement_lower_bound": s.lower_bound,
         "agreement_upper_bound": s.upper_bound,
-        "held_out_agreement": None if report.held_out is None else {
-            "n": report.held_out.n, "agreement": report.held_out.agreement,
-            "lower_bound": report.held_out.lower_bound},
+        "split": report.split,
+        "calibration": _brief(report.calibration),
+        "slices": [row.as_dict() for row in report.slices],
         "cosine": None if s.cosine is None else vars(s.cosine),
         "accuracy": s.accuracy,
         "accuracy_drop": s.accuracy_drop,
@@ -58,6 +61,13 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "failures": list(verdict.failures),
         "stored": stored,
     }
+
+
+def _brief(s: Summary | None) -> dict | None:
+    """The calibration split's figures: shown beside the judged ones, judged by nothing."""
+    return None if s is None else {"n": s.n, "agreement": s.agreement,
+                                   "lower_bound": s.lower_bound,
+                                   "confident_flips": len(s.confident), "judged": False}
 
 
 def _auto(variant) -> dict | None:
@@ -78,8 +88,9 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
     lines = [
         f"baseline   {report.baseline.version}",
         f"optimized  {report.optimized.version}",
-        f"set        {report.regression.path} ({s.n} inputs, {labelled} labelled, "
-        f"sha256 {report.regression.digest})",
+        f"set        {report.regression.path} ({len(report.regression)} inputs, {labelled} "
+        f"labelled, sha256 {report.regression.digest})",
+        f"judged     {s.n} inputs, {SPLITS[report.split]}",
     ]
     if report.optimized.plan is not None:
         from serve.plan import describe
@@ -89,10 +100,9 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         lines.append(f"recipe     {auto['describe']}")
     lines += ["", f"top-1 agreement  {_pct(s.agreement)} ({s.agree}/{s.n}), 95% Wilson interval "
                   f"{_pct(s.lower_bound)} - {_pct(s.upper_bound)}"]
-    if report.held_out is not None:
-        h = report.held_out
-        lines.append(f"held-out         {_pct(h.agreement)} ({h.agree}/{h.n}, inputs the plan "
-                     f"was not tuned on), lower bound {_pct(h.lower_bound)}")
+    if (c := report.calibration) is not None:
+        lines.append(f"calibration      {_pct(c.agreement)} ({c.agree}/{c.n}, the inputs recipes "
+                     f"tune on: shown, not judged), {len(c.confident)} confident flips")
     if s.cosine is not None:
         c = s.cosine
         lines.append(f"cosine           mean {c.mean:.5f}  p1 {c.p1:.5f}  min {c.min:.5f}")
@@ -104,6 +114,7 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
     lines += ["", "by baseline margin:"]
     lines += table(("MARGIN", "N", "AGREE", "AGREEMENT"),
                    [(b.label, str(b.n), str(b.agree), _pct(b.agreement)) for b in s.buckets])
+    lines += _slices(report.slices, thresholds)
     lines += _flips(report, s)
     lines += _throughput(report)
     if report.memory:
@@ -115,6 +126,21 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         ])
     outcome = "PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.failures)
     return lines + ["", f"verdict: {outcome}", *_rule(thresholds, speed_batch)]
+
+
+def _slices(rows, thresholds) -> list[str]:
+    """The slice table, worst first; a slice under the minimum size is shown, not judged."""
+    if not rows:
+        return []
+    lines = ["", f"by slice, worst first (judged: >= {thresholds.min_slice_size} inputs; each "
+                 f"judged slice's 95% upper bound must reach {thresholds.min_slice_agreement}):"]
+    lines += table(("SLICE", "N", "AGREEMENT", "WILSON LOW", "CONF. FLIPS", "JUDGED"), [
+        (row.slice, str(row.n), _pct(row.agreement), _pct(row.lower_bound),
+         str(row.confident_flips), "yes" if row.judged else "no")
+        for row in rows[:SHOW_SLICES]])
+    if len(rows) > SHOW_SLICES:
+        lines.append(f"... and {len(rows) - SHOW_SLICES} more slices (--json lists all)")
+    return lines
 
 
 def _flips(report, s: Summary) -> list[str]:
@@ -163,7 +189,9 @@ def _rule(t, speed_batch: int) -> list[str]:
             f"{t.min_margin:g}, accuracy drop <= {t.max_accuracy_drop:g}, agreement >= "
             f"{t.min_agreement},",
             f"   lower bound >= {t.min_lower_bound}, cosine p1 >= {t.min_cosine_p1} (encoders), "
-            f"speedup >= {t.min_speedup}x at batch {speed_batch}, served batches)"]
+            f"speedup >= {t.min_speedup}x at batch {speed_batch}, served batches,",
+            f"   every slice of >= {t.min_slice_size} inputs: agreement's upper bound >= "
+            f"{t.min_slice_agreement})"]
 
 
 def _clip(text: str, width: int = 60) -> str:

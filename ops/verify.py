@@ -24,9 +24,19 @@ one run:
   it runs the largest batch (peak allocated bytes on CUDA).
 
 The agreement pass batches inputs by length (little padding, as a token-budget batcher would).
+
+**Judged out of sample.** On the configured regression set (the one the recipes calibrate on,
+recognised by its digest, whatever path `--set` names) the gate judges the *held-out* split
+only (serve.regression: inputs neither a recipe's tuning nor `auto`'s choice saw); the
+calibration split's figures are reported beside them, labelled, and judged by nothing. Another
+set is judged whole (split `external`). Every judged input is also filed under its slices
+(rollout.slices: script, length bucket in the baseline's tokens, baseline label), each slice
+reported with agreement, confident flips and Wilson bound, worst first; the gate judges the
+worst slice with at least `verify_min_slice_size` inputs.
+
 The verdict (rollout.verdict, thresholds from the settings `verify_*`) is stored against the
-two versions. torch and transformers are imported here, and this module is only imported by the
-`verify` command.
+two versions, with the thresholds, the split and the set digest it was judged with. torch and
+transformers are imported here, and this module is only imported by the `verify` command.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import torch
 
 from rollout.agreement import Pair, Summary, margins, summarize
 from rollout.settings import Settings
+from rollout.slices import SliceCounts, SliceRow, slice_table, slices_of
 from serve.batching import served_batches
 from serve.regression import RegressionSet, load_set
 from serve.variants import Variant, check_labels, labels_of
@@ -53,8 +64,10 @@ class Report:
     baseline: Variant
     optimized: Variant
     regression: RegressionSet
-    summary: Summary
-    held_out: Summary | None
+    summary: Summary  # the judged inputs: the held-out split, or an external set whole
+    split: str  # "held-out" or "external" (rollout.verdict)
+    calibration: Summary | None  # held-out mode: the calibration split, shown, not judged
+    slices: list[SliceRow] = field(default_factory=list)  # the judged inputs', worst first
     throughput: list[dict] = field(default_factory=list)
     memory: dict = field(default_factory=dict)
     speedup: float | None = None  # served (length-sorted) batches at verify_speed_batch
@@ -110,9 +123,8 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
         bar.stage(f"loading {settings.optimized_recipe}", 1)
         optimized = Variant(settings, "optimized", progress=lambda step, _: bar.note(step))
         bar.step()
-        summary, held_out = _agreement(baseline, optimized, regression, bar,
-                                       settings.verify_min_margin)
-        report = Report(baseline, optimized, regression, summary, held_out)
+        pairs = _pairs(baseline, optimized, regression, bar)
+        report = _judged(settings, baseline, optimized, regression, pairs)
         if speed:
             _speed(report, settings, bar)
         return report
@@ -120,8 +132,9 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
         bar.close()
 
 
-def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet, bar: _Bar,
-               min_margin: float):
+def _pairs(baseline: Variant, optimized: Variant, regression: RegressionSet,
+           bar: _Bar) -> list[Pair]:
+    """Every input of the set answered by both arms, paired (rollout.agreement)."""
     texts = regression.texts
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rows = {"baseline": [None] * len(texts), "optimized": [None] * len(texts)}
@@ -144,11 +157,44 @@ def _agreement(baseline: Variant, optimized: Variant, regression: RegressionSet,
         pairs.append(Pair(b_top, o_top, b_margin, o_margin,
                           cosine=cosines[i] if cosines else None,
                           truth=index.get(example.label) if example.label else None, index=i))
-    held_out = None
-    if optimized.plan is not None:
-        held = set(regression.held_out())
-        held_out = summarize([p for p in pairs if p.index in held], min_margin=min_margin)
-    return summarize(pairs, min_margin=min_margin), held_out
+    return pairs
+
+
+def split_of(settings: Settings, regression: RegressionSet) -> str:
+    """`held-out` when `regression` is the configured set (by digest: the recipes calibrated
+    and `auto` chose on it), else `external`."""
+    configured = load_set(settings.regression_set).digest
+    return "held-out" if regression.digest.split(":")[0] == configured else "external"
+
+
+def _judged(settings: Settings, baseline: Variant, optimized: Variant,
+            regression: RegressionSet, pairs: list[Pair]) -> Report:
+    """The report's agreement part: the judged split's summary and slices, and the calibration
+    split's summary beside them (held-out mode)."""
+    split, margin = split_of(settings, regression), settings.verify_min_margin
+    judged = pairs
+    calibration = None
+    if split == "held-out":
+        judged = [pairs[i] for i in regression.held_out()]
+        calibration = summarize([pairs[i] for i in regression.calibration()], min_margin=margin)
+    tokens = [len(ids) for ids in baseline.encode([regression.texts[p.index]
+                                                   for p in judged]).ids]
+    slices = slice_table(slice_counts(judged, tokens, regression.texts, baseline.labels, margin),
+                         settings.verify_min_slice_size)
+    return Report(baseline, optimized, regression, summarize(judged, min_margin=margin), split,
+                  calibration, slices)
+
+
+def slice_counts(pairs: list[Pair], tokens: list[int], texts: list[str],
+                 labels: tuple[str, ...], min_margin: float) -> dict[str, tuple[int, int, int]]:
+    """Slice -> (inputs, agreed, confident flips) over `pairs` (`tokens[k]`: pair k's input's
+    length in the baseline's tokens)."""
+    counts = SliceCounts()
+    for pair, length in zip(pairs, tokens, strict=True):
+        agreed = pair.baseline == pair.optimized
+        counts.add(slices_of(texts[pair.index], length, labels[pair.baseline]), agreed,
+                   not agreed and pair.baseline_margin >= min_margin)
+    return counts.counts
 
 
 def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:

@@ -12,6 +12,7 @@ import json
 from ops._cli_args import UsageError, default_actor
 from ops._verify_format import document, human
 from rollout import Settings, StoreUnavailable, Verdict, judge_summary, thresholds_from
+from rollout.verdict import Thresholds, judge_slices, worst_slice
 from serve.regression import RegressionSetError
 
 
@@ -27,18 +28,7 @@ def verify(ctx, settings: Settings) -> int:
         )
     except (RegressionSetError, FileNotFoundError, ModelSourceError) as exc:
         raise UsageError(str(exc)) from None
-    thresholds = thresholds_from(settings)
-    s = report.summary
-    failures = judge_summary(thresholds, s, report.speedup)
-    verdict = Verdict(
-        baseline_version=report.baseline.version, optimized_version=report.optimized.version,
-        passed=not failures, failures=tuple(failures), n=s.n, agreement=s.agreement,
-        agreement_lower_bound=s.lower_bound, speedup=report.speedup,
-        cosine_p1=s.cosine.p1 if s.cosine else None, confident_flips=len(s.confident),
-        accuracy_drop=s.accuracy_drop, recipe=report.optimized.recipe,
-        set_digest=report.regression.digest,
-        at=ctx.clock.time(), by=getattr(args, "actor", None) or default_actor(),
-    )
+    verdict = _verdict(ctx, report, thresholds_from(settings), speed_judged=not args.no_speed)
     stored, store_error = False, None
     if not args.no_store:
         try:
@@ -48,15 +38,34 @@ def verify(ctx, settings: Settings) -> int:
         except StoreUnavailable as exc:
             store_error = exc
     if args.json:
-        ctx.say(json.dumps(document(report, verdict, thresholds, stored)))
+        ctx.say(json.dumps(document(report, verdict, verdict.thresholds, stored)))
     else:
-        for line in human(report, verdict, thresholds, settings.verify_speed_batch):
+        for line in human(report, verdict, verdict.thresholds, settings.verify_speed_batch):
             ctx.say(line)
         if stored:
             ctx.say("verdict stored for this version pair")
     if store_error is not None:
         raise StoreUnavailable(f"the verdict was not stored: {store_error}")
     return 0 if verdict.passed else 1
+
+
+def _verdict(ctx, report, thresholds: Thresholds, *, speed_judged: bool) -> Verdict:
+    """The verdict of `report`, recording what it was judged with (rollout.verdict)."""
+    s = report.summary
+    failures = judge_summary(thresholds, s, report.speedup) + judge_slices(thresholds,
+                                                                          report.slices)
+    worst = worst_slice(report.slices)
+    return Verdict(
+        baseline_version=report.baseline.version, optimized_version=report.optimized.version,
+        passed=not failures, failures=tuple(failures), n=s.n, agreement=s.agreement,
+        agreement_lower_bound=s.lower_bound, speedup=report.speedup,
+        cosine_p1=s.cosine.p1 if s.cosine else None, confident_flips=len(s.confident),
+        accuracy_drop=s.accuracy_drop, recipe=report.optimized.recipe,
+        set_digest=report.regression.digest, thresholds=thresholds, split=report.split,
+        speed_judged=speed_judged, worst_slice=worst.slice if worst else None,
+        worst_slice_agreement=worst.agreement if worst else None,
+        at=ctx.clock.time(), by=getattr(ctx.args, "actor", None) or default_actor(),
+    )
 
 
 def _audit_verdict(store, verdict: Verdict) -> None:

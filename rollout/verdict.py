@@ -15,19 +15,34 @@ comparison (rollout.agreement.Summary) and lists each one missed, in this order:
 3. top-1 agreement >= `min_agreement` and its Wilson lower bound >= `min_lower_bound`;
 4. embedding cosine p1 >= `min_cosine_p1`, where cosine is measured (encoders; a classifier
    has no embedding: None, not judged);
-5. speedup >= `min_speedup`, where speed is measured (None with `--no-speed`: not judged).
+5. speedup >= `min_speedup`, where speed is measured (None with `--no-speed`: not judged);
+6. no slice (rollout.slices) with at least `min_slice_size` inputs is *shown* to agree below
+   `min_slice_agreement`: the upper end of its 95 % Wilson interval must reach it
+   (`judge_slices`). A slice is small, so this convicts damage rather than proving fidelity
+   (a lower bound of 0.95 needs about 75 agreeing inputs out of 75): all 30 Japanese inputs
+   flipped (upper end 11 %) fail it, 3 near-tie flips among 50 emoji-only inputs (94 %, upper
+   end 98 %) do not, while the overall figure of 1,600 inputs would hide either.
 
 `thresholds_from(settings)` is the one place thresholds are built from the settings
 (`verify_*`), for every caller that judges a comparison.
+
+A verdict records what it was judged with: the thresholds, the judged set's digest and split
+(`held-out`: the configured set's inputs that neither a recipe's tuning nor `auto` saw;
+`external`: another set, all of it; serve.regression), and whether speed was judged. Before a
+ramp climbs on a passing verdict, `verdict_problems` checks that record against what the
+gateway is configured with (`VerdictRules`): thresholds no looser, judged out of sample on the
+configured set (or an external one), speed judged unless the plan accepts a verdict without it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout.agreement import CONFIDENT_MARGIN, Summary
+from rollout.agreement import CONFIDENT_MARGIN, Summary, wilson_interval
+from rollout.slices import SliceRow
 
 if TYPE_CHECKING:
     from rollout.settings import Settings
@@ -43,6 +58,8 @@ class Thresholds(BaseModel):
     min_lower_bound: float = Field(0.98, ge=0, le=1)
     min_speedup: float = Field(1.0, ge=0)
     min_cosine_p1: float = Field(0.95, ge=-1, le=1)
+    min_slice_agreement: float = Field(0.95, ge=0, le=1)  # the worst judged slice's agreement
+    min_slice_size: int = Field(30, ge=1)  # inputs a slice needs to be judged
 
 
 def thresholds_from(settings: Settings) -> Thresholds:
@@ -55,6 +72,8 @@ def thresholds_from(settings: Settings) -> Thresholds:
         min_lower_bound=settings.verify_min_lower_bound,
         min_speedup=settings.verify_min_speedup,
         min_cosine_p1=settings.verify_min_cosine_p1,
+        min_slice_agreement=settings.verify_min_slice_agreement,
+        min_slice_size=settings.verify_min_slice_size,
     )
 
 
@@ -79,6 +98,63 @@ class Verdict(BaseModel):
     set_digest: str = ""
     at: float = 0.0
     by: str = ""
+    thresholds: Thresholds | None = None  # None: stored before verdicts recorded them
+    split: str = ""  # "held-out" or "external" (module docstring); "": stored before
+    speed_judged: bool | None = None  # False: `rollout verify --no-speed`; None: stored before
+    worst_slice: str | None = None  # the judged slice with the lowest agreement, if any
+    worst_slice_agreement: float | None = Field(None, ge=0, le=1)
+
+
+OUT_OF_SAMPLE = ("held-out", "external")
+_STRICTER_IS_HIGHER = ("min_agreement", "min_lower_bound", "min_speedup", "min_cosine_p1",
+                       "min_slice_agreement")
+_STRICTER_IS_LOWER = ("min_margin", "max_confident_flips", "max_accuracy_drop", "min_slice_size")
+
+
+class VerdictRules(BaseModel):
+    """What a ramp requires of a verdict's record (`verdict_problems`): the gateway's own
+    thresholds and the digest of the regression set it calibrates on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    thresholds: Thresholds
+    set_digest: str
+
+
+def looser(recorded: Thresholds, required: Thresholds) -> list[str]:
+    """The thresholds `recorded` holds looser than `required`, e.g. 'min_agreement 0.95 <
+    0.98'."""
+    found = []
+    for name in _STRICTER_IS_HIGHER:
+        if getattr(recorded, name) < getattr(required, name):
+            found.append(f"{name} {getattr(recorded, name):g} < {getattr(required, name):g}")
+    for name in _STRICTER_IS_LOWER:
+        if getattr(recorded, name) > getattr(required, name):
+            found.append(f"{name} {getattr(recorded, name):g} > {getattr(required, name):g}")
+    return found
+
+
+def verdict_problems(verdict: Verdict, rules: VerdictRules | None, *,
+                     speed_optional: bool = False) -> list[str]:
+    """Why a passing verdict's record does not earn a climb, as short sentences; empty when it
+    does. Without `rules` only the speed judgement is checked."""
+    problems = []
+    if verdict.speed_judged is False and not speed_optional:
+        problems.append("speed was not judged (verify --no-speed; the plan does not set "
+                        "accept_verdict_without_speed)")
+    if rules is None:
+        return problems
+    if verdict.thresholds is None:
+        problems.append("the verdict records no thresholds (stored by an older verify)")
+    else:
+        problems.extend(f"judged with a looser {item}"
+                        for item in looser(verdict.thresholds, rules.thresholds))
+    if verdict.split not in OUT_OF_SAMPLE:
+        problems.append("not judged out of sample (no held-out split recorded)")
+    elif verdict.split == "held-out" and verdict.set_digest.split(":")[0] != rules.set_digest:
+        problems.append(f"judged on set {verdict.set_digest}, not on the configured set "
+                        f"{rules.set_digest}")
+    return problems
 
 
 def judge(thresholds: Thresholds, *, agreement: float, lower_bound: float,
@@ -102,6 +178,26 @@ def judge(thresholds: Thresholds, *, agreement: float, lower_bound: float,
     if speedup is not None and speedup < t.min_speedup:
         failures.append(f"speedup {speedup:.2f}x < {t.min_speedup}x")
     return failures
+
+
+def worst_slice(rows: Sequence[SliceRow]) -> SliceRow | None:
+    """The judged slice with the lowest agreement (rows as rollout.slices.slice_table)."""
+    judged = [row for row in rows if row.judged and row.agreement is not None]
+    return min(judged, key=lambda row: (row.agreement, row.slice)) if judged else None
+
+
+def judge_slices(thresholds: Thresholds, rows: Sequence[SliceRow]) -> list[str]:
+    """Rule 6: the judged slice whose Wilson upper end is lowest, against
+    `min_slice_agreement`."""
+    judged = [(wilson_interval(row.agreed, row.n)[1], row.slice, row) for row in rows
+              if row.judged and row.n]
+    if not judged:
+        return []
+    upper, _, worst = min(judged)
+    if upper >= thresholds.min_slice_agreement:
+        return []
+    return [f"slice {worst.slice} agreement {worst.agreement:.4f} ({worst.agreed}/{worst.n}, "
+            f"95% upper bound {upper:.4f}) < {thresholds.min_slice_agreement}"]
 
 
 def judge_summary(thresholds: Thresholds, summary: Summary, speedup: float | None

@@ -1,21 +1,23 @@
 """How `auto` measures one candidate recipe against the fp32 baseline (serve.autopick).
 
 `measure` builds the candidate from a copy of the baseline's fp32 model (`Variant.build`) and,
-on the calibration texts it is given:
+on the validation texts it is given (serve.regression: inputs no recipe tuned on):
 
-1. **Agreement.** Both models' rows of every text (`Variant.rows`, length-batched), scored
+1. **Speed.** Both models timed on an evenly spaced sample of the texts cut into served
+   batches (serve.batching.served_batches: length-sorted, as the server batches) of each size
+   in SPEED_BATCHES, tokenization and scoring included as verify's passes are; sizes and arms
+   are interleaved round by round and the best of ROUNDS kept, so machine noise hits both
+   alike. The candidate's speedup is its lowest over the sizes: it must be faster at each. A
+   candidate no faster than an earlier one that passed cannot win (serve.autopick, step 3):
+   its agreement is not measured, and it is recorded as failed, saying so.
+2. **Agreement.** Both models' rows of every text (`Variant.rows`, length-batched), scored
    and paired through rollout.agreement exactly as `rollout verify` pairs them (top-1 and
    margin of each arm, embedding cosine for encoders, the true label where the set has one).
-2. **Speed.** Both models timed on an evenly spaced sample of the texts cut into served batches
-   (serve.batching.served_batches: length-sorted, as the server batches) of each size in
-   SPEED_BATCHES, tokenization and scoring included as verify's passes are; sizes and arms are
-   interleaved round by round and the best of ROUNDS kept, so machine noise hits both alike.
-   The candidate's speedup is its lowest over the sizes: it must be faster at each.
-3. **Gate** (`calibration_failures`): verify's thresholds (rollout.verdict) on confident flips,
+3. **Gate** (`validation_failures`): verify's thresholds (rollout.verdict) on confident flips,
    accuracy drop, point agreement and cosine p1, and the speedup, with two differences:
    - the Wilson lower bound is not applied. It measures the sample's size, not damage: on the
-     650 calibration inputs a bound of 0.98 needs 99.2 % agreement (645/650), while on the
-     2,600 inputs verify judges 98.6 % reaches it. Verify applies it on the full set;
+     319 validation inputs a bound of 0.98 needs 99.7 % agreement (318/319), while on the
+     1,617 held-out inputs verify judges 98.7 % reaches it. Verify applies it there;
    - the speedup must beat fp32 (> 1.0) whatever `min_speedup` says: a candidate that is no
      faster than the baseline it replaces is pointless.
 """
@@ -51,7 +53,7 @@ class Evidence(BaseModel):
     agreement: float | None = None
     lower_bound: float | None = None  # reported, not judged (module docstring)
     confident_flips: int | None = None
-    accuracy_drop: float | None = None  # None: no labelled calibration input
+    accuracy_drop: float | None = None  # None: no labelled validation input
     cosine_p1: float | None = None  # None: a classifier head has no embedding
     speedup: float | None = None  # the lowest of `speedups`
     speedups: dict[int, float] = Field(default_factory=dict)  # batch size -> fp32 s / cand. s
@@ -68,15 +70,24 @@ class Evidence(BaseModel):
 
 def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
             truth: Sequence[int | None] | None = None, progress=None,
-            timer: Callable[[], float] = time.perf_counter) -> Evidence:
+            timer: Callable[[], float] = time.perf_counter,
+            beaten_by: tuple[str, float] | None = None) -> Evidence:
     """Build `recipe` from `baseline` (an fp32 `serve.variants.Variant`) and measure it on
-    `texts` (module docstring); `truth` holds each text's true label index, or None."""
+    `texts` (module docstring); `truth` holds each text's true label index, or None.
+    `beaten_by`: (recipe, speedup) of a candidate earlier in preference order that passed;
+    a candidate no faster than it cannot win (serve.autopick, step 3), so its agreement is not
+    measured and it is recorded as failed, saying so."""
     start = timer()
     built = baseline.build(recipe, progress=progress)
-    summary = _summary(baseline, built.model, texts, truth, thresholds.min_margin)
     speedups = _speedups(baseline, built.model, texts, timer)
     speedup = min(speedups.values())
-    failures = calibration_failures(thresholds, summary, speedup)
+    if beaten_by is not None and speedup <= beaten_by[1]:
+        why = (f"cannot win: {speedup:.2f}x, no faster than {beaten_by[0]} "
+               f"({beaten_by[1]:.2f}x), which passed and is preferred")
+        return Evidence(recipe=recipe, passed=False, failures=(why,), speedup=speedup,
+                        speedups=speedups, seconds=timer() - start, decision=built.decision)
+    summary = _summary(baseline, built.model, texts, truth, thresholds.min_margin)
+    failures = validation_failures(thresholds, summary, speedup)
     return Evidence(
         recipe=recipe, passed=not failures, failures=tuple(failures), n=summary.n,
         agreement=summary.agreement, lower_bound=summary.lower_bound,
@@ -86,8 +97,8 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
     )
 
 
-def calibration_failures(thresholds: Thresholds, summary: Summary, speedup: float) -> list[str]:
-    """Every threshold the candidate misses on the calibration split (module docstring, 3)."""
+def validation_failures(thresholds: Thresholds, summary: Summary, speedup: float) -> list[str]:
+    """Every threshold the candidate misses on the validation split (module docstring, 3)."""
     failures = judge_summary(thresholds.model_copy(update={"min_lower_bound": 0.0}), summary,
                              speedup)
     if thresholds.min_speedup <= speedup <= 1.0:

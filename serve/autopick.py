@@ -10,12 +10,15 @@ Algorithm (`choose`):
      int8 runtime on both CPUs measured (docs/recipes.md) and the slowest to build;
    - CUDA: `fp16`, `bf16` where the GPU supports it, `fp16-graphs`. fp8 (Hopper, capability
      8.9 and up) is not a candidate yet: no fp8 recipe exists.
-2. **Measure** each against the fp32 baseline on the regression set's calibration split
-   (`measure`, serve._autopick_measure): verify's gate without the Wilson lower bound, and a
+2. **Measure** each against the fp32 baseline on the regression set's *validation* split
+   (`measure`, serve._autopick_measure): inputs no recipe tuned on (a calibrated recipe tunes on
+   the calibration split, serve.regression), so a candidate that only fits the inputs it was
+   tuned on is refused here, not served: verify's gate without the Wilson lower bound, and a
    speedup on served batches that must beat fp32. A candidate that raises while being built or
    measured (a missing runtime, "runs on CUDA only") is recorded as failed with its error; it
    never fails the pick.
-3. **Pick.** Among the passing candidates, the fastest wins; one within TIE of the fastest
+3. **Pick.** Among the passing candidates, the fastest wins (so a candidate no faster than an
+   earlier one that passed cannot win: step 2 skips its agreement); one within TIE of the fastest
    counts as tied with it, and of tied ones the earlier in preference order wins (the timing
    noise of a shared machine is about that large). No candidate passing: the fallback, a
    faithful fp32 runtime (`onnx-fp32` on CPU, `fp32` on CUDA), with `fallback=True` and the
@@ -65,7 +68,7 @@ from serve.regression import load_set
 
 log = logging.getLogger("canary.autopick")
 
-FORMAT = 1
+FORMAT = 2  # 2: measured on the validation split (1: on the calibration split)
 TIE = 0.05  # speedups within 5 % of the fastest count as tied
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 FALLBACK = {"cpu": "onnx-fp32", "cuda": "fp32"}
@@ -259,27 +262,44 @@ def _allowed(settings: Settings, hardware: Hardware) -> set[str]:
 
 def _measure_all(settings: Settings, baseline, hardware: Hardware, measure, progress,
                  clock: Clock, *, key: str, context: dict) -> Choice:
-    """Steps 2 and 3: measure every candidate on the calibration split, then pick."""
+    """Steps 2 and 3: measure every candidate on the validation split, then pick."""
     regression = load_set(settings.regression_set)
-    examples = [regression.examples[i] for i in regression.calibration()]
+    examples = [regression.examples[i] for i in regression.validation()]
     index = {label: i for i, label in enumerate(baseline.labels)}
     texts = [example.text for example in examples]
     truth = [index.get(example.label) if example.label else None for example in examples]
     thresholds = thresholds_from(settings)
     evidence = []
     for recipe in candidates(hardware, hide_native_bf16=settings.hide_native_bf16):
-        log.info("auto: measuring %s on %d calibration inputs", recipe, len(texts))
+        log.info("auto: measuring %s on %d validation inputs", recipe, len(texts))
         if progress is not None:
             progress(f"auto: measuring {recipe}", None)
         start = clock.monotonic()
+        passed = [e for e in evidence if e.passed]
+        best = max(passed, key=lambda e: e.speedup) if passed else None
         try:
-            found = measure(baseline, recipe, texts, thresholds, truth=truth, progress=progress)
+            found = measure(baseline, recipe, texts, thresholds, truth=truth, progress=progress,
+                            beaten_by=(best.recipe, best.speedup) if best else None)
         except Exception as exc:  # a candidate that cannot run here is a failed candidate
             log.warning("auto: %s failed: %s", recipe, exc)
             found = Evidence.failed(recipe, exc, clock.monotonic() - start)
+        _log_evidence(found, progress)
         evidence.append(found)
     return _pick(tuple(evidence), hardware, settings.hide_native_bf16, key=key, context=context,
                  at=clock.time())
+
+
+def _log_evidence(found: Evidence, progress) -> None:
+    """One line per measured candidate, as it is measured: the startup log and the console."""
+    if found.passed:
+        line = (f"auto: {found.recipe} passed: {found.speedup:.2f}x, {found.agreement:.2%} "
+                f"agreement, {found.confident_flips} confident flips ({found.seconds:.0f} s)")
+    else:
+        reason = found.failures[0] if found.failures else "failed"
+        line = f"auto: {found.recipe} refused: {reason} ({found.seconds:.0f} s)"
+    log.info("%s", line)
+    if progress is not None:
+        progress(line, None)
 
 
 def _pick(evidence: tuple[Evidence, ...], hardware: Hardware, hide_native_bf16: bool, *,

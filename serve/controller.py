@@ -22,8 +22,10 @@ from ray import serve
 
 from rollout import Settings, Windows, open_store, open_telemetry
 from rollout.ramp import CONTROLLER, RampController, WindowsMetrics, open_ramp_store
+from rollout.verdict import VerdictRules, thresholds_from
 from serve.checks import HttpChecker
 from serve.notify import start_notifications
+from serve.regression import load_set
 
 
 @serve.deployment(name="ramp-controller", num_replicas=1, max_ongoing_requests=8)
@@ -40,6 +42,8 @@ class RampControllerDeployment:
             self.states, self.ramps, metrics, owner=owner,
             interval_s=settings.ramp_interval_s, lease_ttl_s=settings.ramp_lease_ttl_s,
             audit_heartbeat_s=settings.ramp_audit_heartbeat_s, checker=HttpChecker(),
+            verdict_rules=VerdictRules(thresholds=thresholds_from(settings),
+                                       set_digest=load_set(settings.regression_set).digest),
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),

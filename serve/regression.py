@@ -11,8 +11,21 @@ Format, one JSON object per line (blank lines are skipped):
 - any other key (the shipped set has `kind`) is kept as metadata and otherwise ignored.
 
 The default set ships as `serve/data/regression.jsonl` (made by `python -m
-ops.make_regression_set`). Every 4th input (index 0, 4, 8, ...) forms the *calibration* split
-that the accuracy-aware recipe tunes on; the rest is the *held-out* split that proves it.
+ops.make_regression_set`). Its inputs fall in three splits by index, so that nothing is judged
+on the inputs it was tuned or chosen on:
+
+- *calibration* (every 4th input: 0, 4, 8, ...): what a calibrated recipe tunes on (SmoothQuant
+  alpha, the layers kept in fp32, any search: serve.ovint8, serve.onnxrt, serve.plan);
+- *validation* (every 8th from 1: 1, 9, 17, ...): what `auto` chooses a recipe on
+  (serve.autopick), inputs no recipe tuned on;
+- *held-out* (the rest, 5 of every 8): what `rollout verify` gates on, inputs neither tuning nor
+  `auto` saw.
+
+A text that occurs more than once belongs to the split of its first occurrence wherever it
+occurs, so that no input is judged on a copy of itself that was tuned on.
+
+A set other than the configured one (`rollout verify --set`) was seen by neither: verify then
+judges all of it (split `external`).
 """
 
 from __future__ import annotations
@@ -23,7 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_SET = Path(__file__).resolve().parent / "data" / "regression.jsonl"
-CALIBRATION_EVERY = 4
+CALIBRATION_EVERY = 4  # index % 4 == 0: calibration
+VALIDATION_EVERY, VALIDATION_AT = 8, 1  # index % 8 == 1: validation
+
+
+def split_at(index: int) -> str:
+    """The split of the input first seen at `index` (module docstring)."""
+    if index % CALIBRATION_EVERY == 0:
+        return "calibration"
+    return "validation" if index % VALIDATION_EVERY == VALIDATION_AT else "held-out"
 
 
 class RegressionSetError(ValueError):
@@ -51,10 +72,19 @@ class RegressionSet:
         return [e.text for e in self.examples]
 
     def calibration(self) -> list[int]:
-        return list(range(0, len(self.examples), CALIBRATION_EVERY))
+        return self._split("calibration")
+
+    def validation(self) -> list[int]:
+        return self._split("validation")
 
     def held_out(self) -> list[int]:
-        return [i for i in range(len(self.examples)) if i % CALIBRATION_EVERY]
+        """The inputs neither calibration nor `auto`'s validation saw."""
+        return self._split("held-out")
+
+    def _split(self, name: str) -> list[int]:
+        first: dict[str, int] = {}
+        return [i for i, example in enumerate(self.examples)
+                if split_at(first.setdefault(example.text, i)) == name]
 
     def limited(self, limit: int | None) -> RegressionSet:
         """The first `limit` inputs (all when None); the digest names the slice."""

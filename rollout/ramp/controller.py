@@ -32,6 +32,7 @@ from rollout.ramp.machine import CONTROLLER, Decision, Ramp, evaluate
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.store import RampStore
 from rollout.store import StateStore
+from rollout.verdict import VerdictRules
 
 log = logging.getLogger("canary.ramp")
 
@@ -42,9 +43,11 @@ class RampController:
     def __init__(self, states: StateStore, ramps: RampStore, metrics: RampMetrics, *,
                  clock: Clock | None = None, owner: str | None = None,
                  interval_s: float = 5.0, lease_ttl_s: float = 15.0,
-                 audit_heartbeat_s: float = 300.0, checker: Checker | None = None):
+                 audit_heartbeat_s: float = 300.0, checker: Checker | None = None,
+                 verdict_rules: VerdictRules | None = None):
         self.clock = clock or SystemClock()
         self.checker = checker  # fetches the plans' HTTP checks (serve.checks.HttpChecker)
+        self.verdict_rules = verdict_rules  # what a verdict must record (rollout.verdict)
         self.states, self.ramps, self.metrics = states, ramps, metrics
         self.rollout = Rollout(states, self.clock)
         self.owner = owner or f"{CONTROLLER}-{uuid.uuid4().hex[:12]}"
@@ -68,7 +71,7 @@ class RampController:
         verdict = self.states.get_verdict(*next(iter(live))) if len(live) == 1 else None
         now = self.clock.time()
         decision = evaluate(ramp, state, self.metrics, verdict=verdict, live=live, now=now,
-                            checks=checks)
+                            checks=checks, verdict_rules=self.verdict_rules)
         moves = decision.target_bp is not None and decision.target_bp != state.canary_bp
         if moves and not self._move(decision, state.revision):
             return decision

@@ -68,7 +68,7 @@ from rollout.ramp.gates import GateResult, judge_gates
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.plan import RampPlan
 from rollout.state import RolloutState, format_bp
-from rollout.verdict import Verdict
+from rollout.verdict import Verdict, VerdictRules, verdict_problems
 
 CONTROLLER = "ramp-controller"  # the actor of every change the controller makes
 ACTIVE = ("running", "paused")
@@ -163,12 +163,14 @@ class Decision:
 
 def evaluate(ramp: Ramp, state: RolloutState, metrics: RampMetrics, *, verdict: Verdict | None,
              live: set[tuple[str, str]], now: float,
-             checks: tuple[CheckResult, ...] = ()) -> Decision:
+             checks: tuple[CheckResult, ...] = (),
+             verdict_rules: VerdictRules | None = None) -> Decision:
     """One evaluation of an active ramp (see the module docstring for the rules, in order);
-    `checks`: the results of the current step's HTTP checks."""
+    `checks`: the results of the current step's HTTP checks; `verdict_rules`: what a verdict
+    must have been judged with (rollout.verdict.verdict_problems; None: any passing one)."""
     if not ramp.active:
         return _deadline(Decision("idle", f"the ramp is {ramp.status}", ramp), now)
-    turn = _Turn(ramp, state, metrics, verdict, live, now, checks)
+    turn = _Turn(ramp, state, metrics, verdict, live, now, checks, verdict_rules)
     for rule in RULES:
         decision = rule(turn)
         if decision is not None:
@@ -188,6 +190,7 @@ class _Turn:
     live: set[tuple[str, str]]
     now: float
     checks: tuple[CheckResult, ...]
+    verdict_rules: VerdictRules | None = None
     versions: tuple[str, str] = ("", "")  # (baseline, optimized) the gateways serve: rule 2
     seen: dict = field(default_factory=dict)  # what rule 4 judged, carried by later decisions
     facts: dict = field(init=False)
@@ -341,11 +344,19 @@ def _rule_approval(turn: _Turn) -> Decision | None:
 
 
 def _rule_verdict(turn: _Turn) -> Decision | None:
-    """7c. A passing `rollout verify` verdict for the versions served, unless forced."""
+    """7c. A passing `rollout verify` verdict for the versions served, whose record fits the
+    gateway's rules (rollout.verdict.verdict_problems), unless forced."""
     verdict = turn.verdict
-    if (verdict is not None and verdict.passed) or turn.ramp.forced:
+    if turn.ramp.forced:
         return None
-    why = "no verify verdict" if verdict is None else "the verify verdict failed"
+    if verdict is not None and verdict.passed:
+        problems = verdict_problems(verdict, turn.verdict_rules,
+                                    speed_optional=turn.ramp.plan.accept_verdict_without_speed)
+        if not problems:
+            return None
+        why = "the verify verdict does not count: " + "; ".join(problems)
+    else:
+        why = "no verify verdict" if verdict is None else "the verify verdict failed"
     baseline_version, optimized_version = turn.versions
     return turn.decide("hold", f"hold: {why} for {baseline_version} / {optimized_version} "
                        "(run `rollout verify`, or start the ramp with --force)", **turn.seen)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rollout import Verdict
 from rollout.ramp import CONTROLLER, parse_plan
+from tests.verdicts import passing_verdict
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +66,7 @@ def ramp_env(gw):
     live = control.rollout.live_versions()
     assert len(live) == 1, live
     baseline, optimized = next(iter(live))
-    control.states.put_verdict(Verdict(
-        baseline_version=baseline, optimized_version=optimized, passed=True, n=100,
-        agreement=1.0, agreement_lower_bound=0.96, by="test"))
+    control.states.put_verdict(passing_verdict(baseline, optimized))
     yield control
     ramp = control.ramps.get()
     if ramp is not None and ramp.active:

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from rollout import Verdict
 from rollout.ramp import CONTROLLER, parse_plan
 from tests.integration.test_ramp_gateway import Traffic, wait_for
+from tests.verdicts import passing_verdict
 
 pytestmark = pytest.mark.integration
 
@@ -34,9 +34,7 @@ def shadow_ramp(gw):
         live_versions = wait_for(lambda: (v := control.rollout.live_versions()) and
                                  len(v) == 1 and v, 30, "one pair of versions")
         baseline, optimized = next(iter(live_versions))
-        control.states.put_verdict(Verdict(
-            baseline_version=baseline, optimized_version=optimized, passed=True, n=100,
-            agreement=1.0, agreement_lower_bound=0.96, by="test"))
+        control.states.put_verdict(passing_verdict(baseline, optimized))
         return control
 
     yield start

@@ -27,6 +27,7 @@ from serve.autopick import (
     detect_hardware,
     measure,
 )
+from serve.regression import load_set
 
 AVX2 = Hardware("cpu", bf16=False, flags=("avx2",))
 SAPPHIRE = Hardware("cpu", bf16=True, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
@@ -57,9 +58,10 @@ class StubMeasure:
         self.results = results
         self.calls: list[str] = []
 
-    def __call__(self, baseline, recipe, texts, thresholds, *, truth=None, progress=None):
+    def __call__(self, baseline, recipe, texts, thresholds, *, truth=None, progress=None,
+                 beaten_by=None):
         self.calls.append(recipe)
-        assert len(texts) == 650 and len(truth) == 650  # the shipped set's calibration split
+        assert len(texts) == 319 and len(truth) == 319  # the shipped set's validation split
         outcome = self.results[recipe]
         if isinstance(outcome, Exception):
             raise outcome
@@ -274,6 +276,7 @@ class StubModel:
     cost: float
     flips_near_ties: bool = False
     flips: tuple[int, ...] = ()  # inputs (by first-seen index) flipped whatever their margin
+    tuned_on: frozenset[str] | None = None  # faithful on these texts only, flips the others
 
 
 class StubVariant:
@@ -306,9 +309,16 @@ class StubVariant:
 
     def row(self, i, model):
         row = self.base_row(i)
-        if model is not None and (i in model.flips or (model.flips_near_ties and i % 100 == 1)):
+        if model is not None and (i in model.flips or (model.flips_near_ties and i % 100 == 1)
+                                  or self._overfit(i, model)):
             return _swap_top_two(row)
         return row
+
+    def _overfit(self, i, model):
+        if model.tuned_on is None:
+            return False
+        text = next(text for text, index in self.index.items() if index == i)
+        return text not in model.tuned_on
 
     def embed_batch(self, batch, model=None):
         ids = [row for item in batch for row in item.ids]
@@ -383,5 +393,29 @@ def test_choose_with_real_measure_on_the_calibration_split(settings):
     assert ct2.recipe == "ct2-int8" and not ct2.passed and ct2.error is None
     assert ct2.failures == ("speedup 1.00x: no faster than fp32",)
     assert int8.error == "RuntimeError: ov-int8 runs on CPU only"
-    assert fp32.n == 650 and fp32.passed and fp32.speedup == 1.5
+    assert fp32.n == 319 and fp32.passed and fp32.speedup == 1.5
     assert Choice.model_validate_json(choice.model_dump_json()) == choice
+
+
+def test_a_candidate_tuned_to_the_calibration_split_is_refused_on_the_validation_split(
+        settings):
+    """Faithful on exactly the inputs it was tuned on, flipping every other: `auto` measures
+    on the validation split, which no recipe tunes on, and refuses it."""
+    regression = load_set()
+    tuned = frozenset(regression.texts[i] for i in regression.calibration())
+    clock = FakeClock(start=0.0)
+    variant = StubVariant({
+        "ov-int8": StubModel(cost=1.0, tuned_on=tuned),
+        "ct2-int8": StubModel(cost=2.0),
+        "onnx-fp32": StubModel(cost=2.5),
+    }, clock)
+    choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=AVX2,
+                    measure=functools.partial(measure, timer=clock.monotonic), clock=clock)
+
+    overfit = choice.evidence_for("ov-int8")
+    assert overfit.agreement == 0.0 and not overfit.passed
+    assert choice.recipe == "ct2-int8" and not choice.fallback
+    slower = choice.evidence_for("onnx-fp32")  # measured after ct2-int8 passed, and slower
+    assert slower.failures == ("cannot win: 1.20x, no faster than ct2-int8 (1.50x), which "
+                               "passed and is preferred",)
+    assert slower.agreement is None and slower.n == 0 and not slower.passed

@@ -8,7 +8,8 @@ import pytest
 from rollout import RampNotAllowed
 from rollout.ramp import CONTROLLER, RampController
 from rollout.shadow import PairOutcome
-from tests.ramp_harness import PLAN, Harness, ShadowFedMetrics, stats
+from rollout.verdict import Thresholds, Verdict, VerdictRules
+from tests.ramp_harness import BASELINE, OPTIMIZED, PLAN, Harness, ShadowFedMetrics, stats
 
 
 @pytest.fixture
@@ -283,6 +284,60 @@ def test_force_climbs_without_a_verdict_and_says_so():
     start = next(e for e in h.states.audit() if e.action.startswith("ramp-start"))
     assert start.action == "ramp-start --force" and start.detail["forced"] is True
     assert h.states.get().reason == decision.reason  # the state change says it too
+
+
+RULES = VerdictRules(thresholds=Thresholds(), set_digest="7595854274529594")
+RECORDED = dict(baseline_version=BASELINE, optimized_version=OPTIMIZED, passed=True, n=1617,
+                agreement=0.995, agreement_lower_bound=0.99, speedup=2.0,
+                thresholds=Thresholds(), split="held-out", set_digest="7595854274529594",
+                speed_judged=True)
+
+
+def ruled(h, **fields):
+    """`h` with a controller that checks verdicts against RULES, and a passing verdict whose
+    record is RECORDED with `fields` changed."""
+    h.controller = RampController(h.states, h.ramps, h.metrics, clock=h.clock, owner="c1",
+                                  verdict_rules=RULES)
+    h.states.put_verdict(Verdict(**{**RECORDED, **fields}))
+    return h
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"speed_judged": False, "speedup": None}, "speed was not judged"),
+    ({"thresholds": None}, "records no thresholds"),
+    ({"thresholds": Thresholds(min_agreement=0.9)}, "looser min_agreement 0.9 < 0.98"),
+    ({"thresholds": Thresholds(max_confident_flips=3)}, "looser max_confident_flips 3 > 0"),
+    ({"split": ""}, "not judged out of sample"),
+    ({"set_digest": "0123456789abcdef"}, "judged on set 0123456789abcdef, not on the "
+                                         "configured set 7595854274529594"),
+])
+def test_a_passing_verdict_whose_record_does_not_fit_holds(fields, problem):
+    h = ruled(Harness(), **fields)
+    h.start()
+    h.healthy()
+    decision = h.tick()
+    assert decision.kind == "hold" and h.share == 0
+    assert "the verify verdict does not count: " in decision.reason and problem in decision.reason
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"set_digest": "7595854274529594:400"},  # judged on the first 400 inputs of the set
+    {"split": "external", "set_digest": "0123456789abcdef"},  # another set, all of it
+    {"thresholds": Thresholds(min_agreement=0.99, min_slice_agreement=0.97)},  # stricter
+])
+def test_a_verdict_judged_out_of_sample_with_the_rules_climbs(fields):
+    h = ruled(Harness(), **fields)
+    h.start()
+    h.healthy()
+    assert h.tick().kind == "advance" and h.share == 1000
+
+
+def test_a_plan_may_accept_a_verdict_without_speed():
+    h = ruled(Harness({**PLAN, "accept_verdict_without_speed": True}), speed_judged=False,
+              speedup=None)
+    h.start()
+    h.healthy()
+    assert h.tick().kind == "advance"
 
 
 # --- versions, outside changes, crashes ---------------------------------------------------------

@@ -30,8 +30,13 @@ def test_shipped_set_is_big_varied_and_small_on_disk():
     assert any("\u4e00" <= ch <= "\u9fff" for t in texts for ch in t)  # CJK
     labelled = [e for e in regression.examples if e.label]
     assert len(labelled) > 1000 and {e.label for e in labelled} == set(DEFAULT_LABELS)
-    assert len(regression.calibration()) + len(regression.held_out()) == len(regression)
-    assert not set(regression.calibration()) & set(regression.held_out())
+    splits = [set(regression.calibration()), set(regression.validation()),
+              set(regression.held_out())]
+    assert sum(map(len, splits)) == len(regression)  # every input in exactly one split
+    assert set.union(*splits) == set(range(len(regression)))
+    texts = [{regression.texts[i] for i in split} for split in splits]
+    assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])  # no copies
+    assert len(splits[2]) >= len(regression) * 0.6  # most is held out
 
 
 def test_generation_is_deterministic():

@@ -15,6 +15,7 @@ import torch
 from ops import cli
 from rollout import FakeClock, MemoryStateStore, Settings
 from serve.autopick import Hardware, choice_key
+from serve.regression import load_set
 from serve.variants import (
     LABELS_FILE,
     LabelsDiffer,
@@ -204,11 +205,13 @@ def test_verify_compares_the_two_configured_arms(env, v1, v2):
     env.setenv("CANARY_BASELINE_MODEL_PATH", str(v1))
     env.setenv("CANARY_OPTIMIZED_MODEL_PATH", str(v2))
     env.setenv("CANARY_OPTIMIZED_RECIPE", "fp32")
-    for name in ("MIN_SPEEDUP", "MIN_AGREEMENT", "MIN_LOWER_BOUND", "MIN_COSINE_P1"):
+    for name in ("MIN_SPEEDUP", "MIN_AGREEMENT", "MIN_LOWER_BOUND", "MIN_COSINE_P1",
+                 "MIN_SLICE_AGREEMENT"):
         env.setenv(f"CANARY_VERIFY_{name}", "0")
     env.setenv("CANARY_VERIFY_MAX_CONFIDENT_FLIPS", "1000")
     env.setenv("CANARY_VERIFY_MAX_ACCURACY_DROP", "1")
     code, out, err, store = verify("--limit", "24", "--json")
+    judged = len(load_set().limited(24).held_out())  # the held-out split of the first 24
 
     assert code == 0, err
     doc = json.loads(out)
@@ -216,10 +219,10 @@ def test_verify_compares_the_two_configured_arms(env, v1, v2):
     assert (doc["baseline_version"], doc["optimized_version"]) == (
         expected["baseline"], expected["optimized"])
     assert doc["baseline_version"] != doc["optimized_version"]  # both fp32, other weights
-    assert doc["n"] == 24 and doc["stored"] is True
+    assert doc["n"] == judged == 15 and doc["stored"] is True
     assert doc["cosine"]["min"] < 0.99999  # other weights: not fp32 compared with itself
     verdict = store.get_verdict(expected["baseline"], expected["optimized"])
-    assert verdict.passed and verdict.n == 24 and verdict.recipe == "fp32"
+    assert verdict.passed and verdict.n == judged and verdict.recipe == "fp32"
 
 
 @pytest.mark.parametrize("labels", [["cats", "dogs"], ["sports", "technology", "politics",

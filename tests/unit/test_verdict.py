@@ -10,6 +10,8 @@ import pytest
 
 from rollout import MemoryStateStore, Settings, Thresholds, Verdict, judge_summary, thresholds_from
 from rollout.agreement import Pair, summarize
+from rollout.slices import slice_table
+from rollout.verdict import judge_slices, looser, verdict_problems, worst_slice
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +135,49 @@ def test_a_new_verdict_round_trips_its_confident_flips_and_accuracy_drop():
     store = MemoryStateStore()
     store.put_verdict(verdict)
     assert store.get_verdict("fp32-a", "int8-b").confident_flips == 1
+
+
+def test_a_verdict_records_what_it_was_judged_with_and_round_trips_through_the_store():
+    verdict = Verdict(baseline_version="fp32-a", optimized_version="int8-b", passed=True,
+                      n=1617, agreement=0.995, agreement_lower_bound=0.99,
+                      thresholds=Thresholds(min_slice_agreement=0.9), split="held-out",
+                      set_digest="abc", speed_judged=False, worst_slice="script:han",
+                      worst_slice_agreement=0.97)
+    store = MemoryStateStore()
+    store.put_verdict(verdict)
+    assert store.get_verdict("fp32-a", "int8-b") == verdict
+    old = Verdict(baseline_version="fp32-a", optimized_version="int8-b", passed=True, n=1,
+                  agreement=1.0, agreement_lower_bound=0.5)
+    assert (old.thresholds, old.split, old.speed_judged) == (None, "", None)  # stored before
+
+
+def test_looser_names_every_threshold_loosened_in_either_direction():
+    required = Thresholds()
+    assert looser(required, required) == []
+    assert looser(Thresholds(min_agreement=0.99, max_confident_flips=0), required) == []
+    found = looser(Thresholds(min_agreement=0.9, max_accuracy_drop=0.05, min_margin=0.1,
+                              min_slice_size=100, min_speedup=0.5), required)
+    assert found == ["min_agreement 0.9 < 0.98", "min_speedup 0.5 < 1",
+                     "min_margin 0.1 > 0.05", "max_accuracy_drop 0.05 > 0.01",
+                     "min_slice_size 100 > 30"]
+
+
+def test_the_worst_judged_slice_is_judged_and_a_small_one_is_not():
+    rows = slice_table({"script:latin": (1500, 1500, 0), "script:han": (30, 24, 0),
+                        "script:none": (50, 47, 0), "script:kana": (4, 0, 0)}, 30)
+    assert worst_slice(rows).slice == "script:han"  # kana is worse, but too small to judge
+    assert judge_slices(Thresholds(min_slice_agreement=0.9), rows) == []  # 24/30: upper 0.90
+    assert judge_slices(Thresholds(min_slice_agreement=0.95), rows) == [
+        "slice script:han agreement 0.8000 (24/30, 95% upper bound 0.9049) < 0.95"]
+    three_near_ties = slice_table({"script:none": (50, 47, 0)}, 30)  # 94 %: noise, not damage
+    assert judge_slices(Thresholds(min_slice_agreement=0.95), three_near_ties) == []
+    assert judge_slices(Thresholds(min_slice_agreement=1.0), []) == []  # nothing to judge
+
+
+def test_without_rules_only_the_speed_judgement_is_checked():
+    bare = Verdict(baseline_version="b", optimized_version="o", passed=True, n=1,
+                   agreement=1.0, agreement_lower_bound=0.5, speed_judged=False)
+    assert verdict_problems(bare, None) == [
+        "speed was not judged (verify --no-speed; the plan does not set "
+        "accept_verdict_without_speed)"]
+    assert verdict_problems(bare, None, speed_optional=True) == []

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ops import cli
 from rollout import FakeClock, MemoryStateStore, StoreUnavailable
@@ -54,11 +55,15 @@ def test_json_report_and_stored_verdict(env):
     for key in ("agreement", "agreement_lower_bound", "speedup", "baseline_version",
                 "optimized_version"):
         assert key in doc
-    assert doc["n"] == 40 and doc["recipe"] == "bf16"
+    held = load_set().limited(40).held_out()  # judged: neither tuning nor `auto` saw them
+    assert doc["n"] == len(held) and doc["split"] == "held-out" and doc["recipe"] == "bf16"
+    assert doc["calibration"]["n"] == 10 and doc["calibration"]["judged"] is False
+    assert len(held) == 25
     assert doc["baseline_version"].startswith("fp32-")
     assert doc["optimized_version"].startswith("bf16-")
     assert 0 <= doc["agreement_lower_bound"] <= doc["agreement"] <= 1
-    assert len(doc["flips"]) == round(40 * (1 - doc["agreement"]))
+    assert len(doc["flips"]) == round(len(held) * (1 - doc["agreement"]))
+    assert {f["index"] for f in doc["flips"]} <= set(held)
     assert [r["batch"] for r in doc["throughput"]] == [1, 4]
     assert doc["speedup"] == doc["throughput"][1]["speedup"] > 0  # served (length-sorted)
     assert doc["speedup_set_order"] == doc["throughput"][1]["speedup_set_order"] > 0
@@ -70,17 +75,23 @@ def test_json_report_and_stored_verdict(env):
     assert doc["confident_flips"] == [f for f in doc["flips"] if f["baseline_margin"] >= 0.05]
     assert doc["accuracy_drop"] == pytest.approx(
         doc["accuracy"]["baseline"] - doc["accuracy"]["optimized"])
-    assert sum(b["n"] for b in doc["buckets"]) == 40
+    assert sum(b["n"] for b in doc["buckets"]) == len(held)
+    scripts = [row for row in doc["slices"] if row["slice"].startswith("script:")]
+    assert sum(row["n"] for row in scripts) == len(held)  # each input in exactly one script slice
+    assert {row["slice"].split(":")[0] for row in doc["slices"]} == {"script", "length", "label"}
     assert doc["cosine"]["min"] <= doc["cosine"]["p1"] <= doc["cosine"]["mean"] <= 1.0001
-    labelled = sum(e.label is not None for e in load_set().examples[:40])
+    labelled = sum(load_set().examples[i].label is not None for i in held)
     assert doc["accuracy"]["n"] == labelled > 0
     assert doc["memory"]["baseline"]["weights_mib"] > doc["memory"]["optimized"]["weights_mib"]
     assert doc["passed"] is True and doc["stored"] is True
     verdict = store.get_verdict(doc["baseline_version"], doc["optimized_version"])
-    assert verdict.passed and verdict.agreement == doc["agreement"] and verdict.n == 40
+    assert verdict.passed and verdict.agreement == doc["agreement"] and verdict.n == len(held)
     assert verdict.by == "alice" and verdict.at == 1_700_000_000.0 and verdict.recipe == "bf16"
     assert verdict.confident_flips == len(doc["confident_flips"])
     assert verdict.accuracy_drop == doc["accuracy_drop"]
+    assert verdict.thresholds.model_dump() == doc["thresholds"]  # what it was judged with
+    assert (verdict.split, verdict.speed_judged) == ("held-out", True)
+    assert verdict.set_digest == f"{load_set().digest}:40"
 
 
 def test_missed_thresholds_exit_1_with_the_reasons_in_the_table(env):
@@ -105,6 +116,14 @@ def test_no_speed_and_no_store(env):
     assert doc["agreement"] == 1.0 and doc["flips"] == [] and doc["speedup"] is None
     assert doc["throughput"] == [] and doc["stored"] is False and doc["confident_flips"] == []
     assert store._verdicts == {}
+
+
+def test_a_verdict_without_speed_records_it(env):
+    env.setenv("CANARY_VERIFY_MIN_LOWER_BOUND", "0.5")
+    code, _, err, store = verify("--recipe", "fp32", "--limit", "16", "--no-speed", "--quiet")
+    assert code == 0, err
+    [verdict] = store._verdicts.values()
+    assert verdict.passed and verdict.speed_judged is False and verdict.speedup is None
 
 
 def test_a_store_outage_still_prints_the_report_then_fails(env):
@@ -158,3 +177,91 @@ def test_set_changes_what_is_judged_not_what_is_calibrated(env, tmp_path):
     env.setenv("CANARY_REGRESSION_SET", str(path))  # the configured set is both, as before
     verify("--recipe", "ov-int8", "--quiet")
     assert seen == {"regression_set": str(path), "set_path": None}
+
+
+def flip_one_script(env, script: str) -> None:
+    """A fault-injected optimized arm: fp32, except that every input of `script` gets the
+    opposite embedding (its top-1 label becomes another)."""
+    from rollout.slices import script_of
+    from serve.variants import Variant
+
+    rows = Variant.rows
+
+    def faulty(self, texts, *args, **kwargs):
+        out = rows(self, texts, *args, **kwargs)
+        if self.arm == "optimized":
+            flip = torch.tensor([script_of(text) == script for text in texts])
+            out = torch.where(flip[:, None], -out, out)
+        return out
+
+    env.setattr(Variant, "rows", faulty)
+
+
+def test_a_variant_that_breaks_one_script_fails_on_its_slice_alone(env, tmp_path):
+    """1,500 Latin inputs agree, all 30 Han inputs flip: 98.04 % overall passes the overall
+    thresholds, the worst slice (script:han, 0 %) fails the verdict."""
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"text": f"The match report number {i} from the stadium"} for i in range(1500)]
+    rows += [{"text": f"比赛报告第{i}号来自体育场"} for i in range(30)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for name, value in {"MAX_CONFIDENT_FLIPS": "1000", "MIN_LOWER_BOUND": "0.97",
+                        "MIN_COSINE_P1": "-1"}.items():
+        env.setenv(f"CANARY_VERIFY_{name}", value)
+    flip_one_script(env, "han")
+    code, out, err, store = verify("--set", str(path), "--recipe", "fp32", "--no-speed",
+                                   "--json", "--quiet")
+    doc = json.loads(out)
+
+    assert code == 1, err
+    assert doc["split"] == "external" and doc["n"] == 1530
+    assert doc["agreement"] == pytest.approx(1500 / 1530) and doc["agreement"] >= 0.98
+    assert doc["slices"][0]["slice"] == "script:han" and doc["slices"][0]["agreement"] == 0.0
+    assert doc["failures"] == [
+        "slice script:han agreement 0.0000 (0/30, 95% upper bound 0.1135) < 0.95"]
+    [verdict] = store._verdicts.values()
+    assert (verdict.worst_slice, verdict.worst_slice_agreement) == ("script:han", 0.0)
+
+
+def test_a_slice_under_the_minimum_size_is_shown_not_judged(env, tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"text": f"The match report number {i}"} for i in range(60)]
+    rows += [{"text": f"比赛报告第{i}号"} for i in range(5)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env.setenv("CANARY_VERIFY_MIN_AGREEMENT", "0.9")
+    env.setenv("CANARY_VERIFY_MIN_LOWER_BOUND", "0.8")
+    env.setenv("CANARY_VERIFY_MAX_CONFIDENT_FLIPS", "1000")
+    env.setenv("CANARY_VERIFY_MIN_COSINE_P1", "-1")
+    env.setenv("CANARY_VERIFY_MIN_SLICE_AGREEMENT", "0.8")  # a label slice holds the 5 flips
+    flip_one_script(env, "han")
+    code, out, err, _ = verify("--set", str(path), "--recipe", "fp32", "--no-speed", "--quiet")
+
+    assert code == 0, err
+    han = next(line for line in out.splitlines() if line.startswith("script:han"))
+    assert han.split()[1:3] == ["5", "0.00%"] and han.split()[-1] == "no"
+
+
+def test_the_configured_set_is_judged_on_its_held_out_split_only(env):
+    """A candidate tuned to the calibration split (here: faithful exactly there, broken
+    elsewhere) shows 100 % on the calibration split and is refused on the held-out split."""
+    from serve.variants import Variant
+
+    calibration = {load_set().texts[i] for i in load_set().calibration()}
+    rows = Variant.rows
+
+    def overfit(self, texts, *args, **kwargs):
+        out = rows(self, texts, *args, **kwargs)
+        if self.arm == "optimized":
+            keep = torch.tensor([text in calibration for text in texts])
+            out = torch.where(keep[:, None], out, -out)
+        return out
+
+    env.setattr(Variant, "rows", overfit)
+    code, out, err, _ = verify("--recipe", "fp32", "--limit", "80", "--no-speed", "--json",
+                               "--quiet")
+    doc = json.loads(out)
+    split = load_set().limited(80)
+    assert code == 1, err
+    assert doc["calibration"]["agreement"] == 1.0
+    assert doc["calibration"]["n"] == len(split.calibration()) == 21  # one copy of an input
+    assert doc["split"] == "held-out" and doc["n"] == len(split.held_out()) == 49
+    assert doc["agreement"] < 0.5

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from ops._verify_format import document, human
 from rollout import Thresholds, Verdict, judge_summary
 from rollout.agreement import Pair, summarize
+from rollout.slices import slice_table
 from serve.regression import Example, RegressionSet
 
 LABELS = ("sports", "politics", "health")
@@ -31,7 +32,8 @@ def crafted_report():
     return SimpleNamespace(
         baseline=SimpleNamespace(version="fp32-aaa", labels=LABELS),
         optimized=SimpleNamespace(version="int8-bbb", recipe="int8-dynamic", plan=None),
-        regression=regression, summary=summarize(pairs), held_out=None,
+        regression=regression, summary=summarize(pairs), split="external", calibration=None,
+        slices=slice_table({"script:latin": (100, 97, 2), "script:han": (3, 0, 0)}, 30),
         throughput=throughput, memory={}, speedup=2.5, speedup_set_order=1.5)
 
 
@@ -77,3 +79,16 @@ def test_the_json_document_carries_confident_flips_accuracy_drop_and_thresholds(
     assert doc["thresholds"]["max_accuracy_drop"] == 0.01
     assert (doc["speedup"], doc["speedup_set_order"]) == (2.5, 1.5)
     assert doc["failures"] == ["accuracy drop 0.0202 > 0.01"]
+
+
+def test_the_slice_table_shows_every_slice_worst_judged_first():
+    report, thresholds = crafted_report(), Thresholds(min_slice_size=30)
+    out = "\n".join(human(report, judged(report, thresholds), thresholds, speed_batch=8))
+
+    table = out.split("by slice, worst first (judged: >= 30 inputs")[1].splitlines()
+    assert table[2].split() == ["script:latin", "100", "97.00%", "91.55%", "2", "yes"]
+    assert table[3].split()[:2] == ["script:han", "3"] and table[3].split()[-1] == "no"
+    assert "judged     100 inputs, all of it: a set other than the configured one" in out
+    doc = document(report, judged(report, thresholds), thresholds, stored=False)
+    assert [row["slice"] for row in doc["slices"]] == ["script:latin", "script:han"]
+    assert doc["split"] == "external" and doc["calibration"] is None
