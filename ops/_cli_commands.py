@@ -25,7 +25,7 @@ from ops._cli_format import (
     webhook_lines,
     when,
 )
-from ops._cli_telemetry import arm_rows, shadow_lines, trace_rows, waterfall
+from ops._cli_telemetry import arm_rows, efficiency_line, shadow_lines, trace_rows, waterfall
 from rollout import (
     Clock,
     Rollout,
@@ -112,6 +112,7 @@ def _status(ctx: _Context) -> int:
         ctx.say(f"traffic over the last {ctx.args.window}s:")
         for line in arm_rows(traffic):
             ctx.say(line)
+        ctx.say(efficiency_line(status.efficiency))
     if shadow is not None:
         ctx.say("")
         for line in shadow_lines(shadow):

@@ -235,8 +235,8 @@ def test_tables_fit_their_panels_and_audit_rows_stay_compact(gw, browser, width)
 
 
 def test_cost_chart_says_no_price_is_set_under_default_settings(gw, browser):
-    """Without CANARY_DEVICE_HOUR_PRICE (the default, 0) every cost reads 0: the chart and the
-    traffic table say so instead of drawing a flat 0."""
+    """Without CANARY_DEVICE_HOUR_PRICE (the default, 0) every cost reads 0: the chart says so
+    instead of drawing a flat 0, and the traffic table's cost column shows CPU seconds."""
     gw.redeploy({}, device_hour_price=0.0)  # the gw fixture restores the price for later tests
     assert gw.client.get("/v1/series?last_s=300&step_s=5").json()["device_hour_price"] == 0
     for i in range(6):
@@ -248,6 +248,9 @@ def test_cost_chart_says_no_price_is_set_under_default_settings(gw, browser):
         # the other charts draw as usual
         expect(tab.locator('[data-chart="request_rate"] path')).not_to_have_count(0,
                                                                                timeout=20_000)
-        expect(tab.locator("#arms")).to_contain_text("no price")
-        assert tab.locator("#arms td", has_text="no price").first.get_attribute("title") == (
-            "no device price set: CANARY_DEVICE_HOUR_PRICE")
+        # the cost column shows the arm's CPU seconds per 1,000 inputs instead, never 0
+        expect(tab.locator("#arms")).to_contain_text("cpu-s")
+        cell = tab.locator("#arms td", has_text="cpu-s").first
+        assert cell.get_attribute("title") == "no device price set: CANARY_DEVICE_HOUR_PRICE"
+        assert float(cell.text_content().split()[0]) > 0
+        expect(tab.locator("#arms")).to_contain_text("realized speedup (baseline ÷ optimized")

@@ -65,12 +65,13 @@ def test_status_shows_per_arm_traffic(telemetry):
     at = next(i for i, line in enumerate(lines) if line.startswith("ARM"))
     header, table = lines[at], lines[at + 1:]
     assert header.split() == ["ARM", "REQ/S", "SUCCESS", "ERRORS", "TIMEOUTS", "RETRIES", "P50",
-                              "MS", "P99", "MS", "QUEUE", "BATCH", "COMPUTE", "MS", "COST/1K"]
+                              "MS", "P99", "MS", "QUEUE", "BATCH", "COMPUTE", "MS", "CPU",
+                              "S/1K", "COST/1K"]
     baseline = next(line for line in table if line.startswith("baseline")).split()
     assert baseline[1:6] == ["0.17", "90.0%", "0.0%", "10.0%", "0.0%"]
     assert float(baseline[6]) == pytest.approx(10.0, rel=0.05)
     assert float(baseline[7]) == pytest.approx(5000.0, rel=0.05)
-    assert baseline[8:12] == ["1.0", "2.0", "4.00", "2.000000"]
+    assert baseline[8:13] == ["1.0", "2.0", "4.00", "-", "2.000000"]  # no CPU measured
     optimized = next(line for line in table if line.startswith("optimized")).split()
     assert optimized[1] == "0.00" and set(optimized[2:]) == {"-"}
 
