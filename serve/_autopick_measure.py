@@ -3,13 +3,19 @@
 `measure` builds the candidate from a copy of the baseline's fp32 model (`Variant.build`) and,
 on the validation texts it is given (serve.regression: inputs no recipe tuned on):
 
-1. **Speed.** Both models timed on an evenly spaced sample of the texts cut into served
-   batches (serve.batching.served_batches: length-sorted, as the server batches) of each size
-   in SPEED_BATCHES, tokenization and scoring included as verify's passes are; sizes and arms
-   are interleaved round by round and the best of ROUNDS kept, so machine noise hits both
-   alike. The candidate's speedup is its lowest over the sizes: it must be faster at each. A
-   candidate no faster than an earlier one that passed cannot win (serve.autopick, step 3):
-   its agreement is not measured, and it is recorded as failed, saying so.
+1. **Speed.** First a *screen*: one round at batch SCREEN_BATCH on SCREEN_INPUTS texts. A
+   candidate screened more than SCREEN_MARGIN below the bar (the speed it must beat: fp32, or
+   `min_speedup` if higher, or an earlier candidate that passed, since one no faster than that
+   cannot win: serve.autopick, step 3) is refused on it: a 25 % gap is beyond the noise of one
+   round on a shared machine (measured: about 5 %), and a candidate far too slow costs seconds
+   instead of a minute (emulated bf16 at 0.3x took 50 s to measure in full). Then both models
+   are timed on an evenly spaced sample of the texts cut into served batches
+   (serve.batching.served_batches: length-sorted, as the server batches) of each size in
+   SPEED_BATCHES, tokenization and scoring included as verify's passes are; sizes and arms are
+   interleaved round by round and the best of ROUNDS kept, so machine noise hits both alike.
+   The candidate's speedup is its lowest over the sizes: it must be faster at each. A
+   candidate no faster than the bar is refused too; in both cases its agreement is not
+   measured, and its evidence says why.
 2. **Agreement.** Both models' rows of every text (`Variant.rows`, length-batched), scored
    and paired through rollout.agreement exactly as `rollout verify` pairs them (top-1 and
    margin of each arm, embedding cosine for encoders, the true label where the set has one).
@@ -37,6 +43,8 @@ from serve.batching import served_batches
 SPEED_BATCHES = (8, 32)  # batch sizes the server forms under light and heavy load
 SPEED_INPUTS = 256  # inputs timed per pass, as `verify_speed_inputs`
 ROUNDS = 3
+SCREEN_BATCH, SCREEN_INPUTS = 32, 64  # the quick screen: one round of one batch size
+SCREEN_MARGIN = 1.25  # screened this far below the bar, the full timing cannot reach it
 ERROR_CHARS = 300
 
 
@@ -79,13 +87,18 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
     measured and it is recorded as failed, saying so."""
     start = timer()
     built = baseline.build(recipe, progress=progress)
-    speedups = _speedups(baseline, built.model, texts, timer)
+    bar = max(1.0, thresholds.min_speedup, beaten_by[1] if beaten_by else 0.0)
+    screened = _speedups(baseline, built.model, texts, timer, sizes=(SCREEN_BATCH,), rounds=1,
+                         inputs=SCREEN_INPUTS)
+    speedups = screened
+    if screened[SCREEN_BATCH] * SCREEN_MARGIN >= bar:
+        speedups = _speedups(baseline, built.model, texts, timer)
     speedup = min(speedups.values())
-    if beaten_by is not None and speedup <= beaten_by[1]:
-        why = (f"cannot win: {speedup:.2f}x, no faster than {beaten_by[0]} "
-               f"({beaten_by[1]:.2f}x), which passed and is preferred")
-        return Evidence(recipe=recipe, passed=False, failures=(why,), speedup=speedup,
-                        speedups=speedups, seconds=timer() - start, decision=built.decision)
+    if speedup <= bar or speedups is screened:
+        return Evidence(recipe=recipe, passed=False,
+                        failures=(_too_slow(speedup, bar, beaten_by, speedups is screened),),
+                        speedup=speedup, speedups=speedups, seconds=timer() - start,
+                        decision=built.decision)
     summary = _summary(baseline, built.model, texts, truth, thresholds.min_margin)
     failures = validation_failures(thresholds, summary, speedup)
     return Evidence(
@@ -95,6 +108,18 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
         cosine_p1=summary.cosine.p1 if summary.cosine else None, speedup=speedup,
         speedups=speedups, seconds=timer() - start, decision=built.decision,
     )
+
+
+def _too_slow(speedup: float, bar: float, beaten_by: tuple[str, float] | None,
+              screened: bool) -> str:
+    """Why a candidate too slow to win or to pass is refused without measuring its agreement."""
+    what = f"screened at {speedup:.2f}x on {SCREEN_INPUTS} inputs" if screened else \
+        f"{speedup:.2f}x"
+    if beaten_by is not None and bar == beaten_by[1]:
+        return (f"cannot win: {what}, no faster than {beaten_by[0]} ({beaten_by[1]:.2f}x), "
+                "which passed and is preferred")
+    return f"speedup {what}: no faster than fp32" if bar == 1.0 else \
+        f"speedup {what} < {bar}x"
 
 
 def validation_failures(thresholds: Thresholds, summary: Summary, speedup: float) -> list[str]:
@@ -123,26 +148,27 @@ def _summary(baseline, model, texts: list[str], truth: Sequence[int | None] | No
     return summarize(pairs, min_margin=min_margin)
 
 
-def _speedups(baseline, model, texts: list[str], timer: Callable[[], float]
-              ) -> dict[int, float]:
-    """Step 2: fp32 seconds / candidate seconds per batch size, best of ROUNDS each."""
-    step = max(1, len(texts) // SPEED_INPUTS)
-    sample = texts[::step][:SPEED_INPUTS]
+def _speedups(baseline, model, texts: list[str], timer: Callable[[], float], *,
+              sizes: tuple[int, ...] = SPEED_BATCHES, rounds: int = ROUNDS,
+              inputs: int = SPEED_INPUTS) -> dict[int, float]:
+    """Step 1: fp32 seconds / candidate seconds per batch size, best of `rounds` each, on
+    `inputs` evenly spaced texts."""
+    step = max(1, len(texts) // inputs)
+    sample = texts[::step][:inputs]
     lengths = [len(ids) for ids in baseline.encode(sample).ids]
     batches = {size: [[sample[i] for i in batch] for batch in served_batches(lengths, size)]
-               for size in SPEED_BATCHES}
+               for size in sizes}
     arms = {"fp32": None, "candidate": model}
-    for size in SPEED_BATCHES:  # warm-up: first shapes, lazy initialisation
+    for size in sizes:  # warm-up: first shapes, lazy initialisation
         for arm_model in arms.values():
             _pass(baseline, batches[size][:1], arm_model, timer)
     best: dict[tuple[str, int], float] = {}
-    for _ in range(ROUNDS):
-        for size in SPEED_BATCHES:
+    for _ in range(rounds):
+        for size in sizes:
             for arm, arm_model in arms.items():
                 seconds = _pass(baseline, batches[size], arm_model, timer)
                 best[arm, size] = min(best.get((arm, size), float("inf")), seconds)
-    return {size: best["fp32", size] / max(best["candidate", size], 1e-9)
-            for size in SPEED_BATCHES}
+    return {size: best["fp32", size] / max(best["candidate", size], 1e-9) for size in sizes}
 
 
 @torch.inference_mode()

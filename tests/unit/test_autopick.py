@@ -339,6 +339,7 @@ def _measure(model, *, truth=None, n=200):
     clock = FakeClock(start=0.0)
     variant = StubVariant({"onnx-int8": model}, clock)
     texts = [f"input number {i}" + "!" * (i % 11) for i in range(n)]
+    variant.index = {text: i for i, text in enumerate(texts)}  # input i is texts[i]
     return measure(variant, "onnx-int8", texts, thresholds_from(Settings()), truth=truth,
                    timer=clock.monotonic)
 
@@ -368,11 +369,20 @@ def test_measure_fails_a_confident_flip_and_the_accuracy_it_costs():
     assert not found.passed
 
 
-def test_measure_fails_a_candidate_no_faster_than_fp32():
+def test_measure_fails_a_candidate_no_faster_than_fp32_without_measuring_agreement():
     found = _measure(StubModel(cost=3.0))
 
-    assert found.agreement == 1.0 and found.speedup == 1.0
+    assert found.speedup == 1.0 and found.speedups == {8: 1.0, 32: 1.0}  # timed in full
+    assert found.agreement is None and found.n == 0  # a candidate that cannot pass
     assert found.failures == ("speedup 1.00x: no faster than fp32",)
+
+
+def test_a_candidate_far_too_slow_is_refused_on_its_screen():
+    found = _measure(StubModel(cost=6.0))  # 0.5x: 0.5 x 1.25 < 1.0
+
+    assert found.speedups == {32: 0.5} and found.speedup == 0.5  # one round, one size
+    assert found.failures == ("speedup screened at 0.50x on 64 inputs: no faster than fp32",)
+    assert found.agreement is None and not found.passed
 
 
 def test_choose_with_real_measure_on_the_calibration_split(settings):
