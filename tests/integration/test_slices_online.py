@@ -10,34 +10,16 @@ import time
 import pytest
 
 from rollout.ramp import CONTROLLER, parse_plan
+from tests.integration.test_ramp_gateway import wait_for
+from tests.integration.test_shadow import shadow_stats
 from tests.verdicts import passing_verdict
 
 pytestmark = pytest.mark.integration
 
-WINDOW = 600
 LATIN = ["the match went to extra time", "parliament passed the budget", "rain is expected",
          "the striker scored twice", "shares fell sharply", "a new vaccine was approved",
          "the team won the cup"]
 CJK = "中国队的比赛"  # characters the tiny model's vocabulary knows (the fault decodes ids)
-
-
-def shadow_stats(gw):
-    store = gw.telemetry()
-    try:
-        return gw.windows(store).shadow(WINDOW)
-    finally:
-        store.close()
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
