@@ -28,9 +28,9 @@ Invariant: a request is answered, failed or abandoned exactly once; requests wai
 all `calls` slots are open, or at most `hold_s` after a call ended while fewer wait than it
 carried.
 
-Measured (docs/benchmarks.md): CPU per request fell from 3.9-4.5 to 2.0-2.6 ms in the gateway
-and from 11.8-12.8 to 9.6-10.3 ms in the optimized model replica. One call per arm beats two on
-a single model replica, because two calls make batches alternate small and large.
+Measured (docs/benchmarks-history.md): CPU per request fell from 3.9-4.5 to 2.0-2.6 ms in the
+gateway and from 11.8-12.8 to 9.6-10.3 ms in the optimized model replica. One call per arm
+beats two on a single model replica, because two calls make batches alternate small and large.
 """
 
 from __future__ import annotations

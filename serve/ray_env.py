@@ -22,7 +22,7 @@ Serve's defaults.
   threads sleep rather than spin (see `RAY_ENV`).
 
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
-6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks.md).
+6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks-history.md).
 
 `serve run serve.config:app` started by hand gets them too: `serve.config.app` sets them (the
 same way, `apply`) before `serve run` starts a local Ray. A cluster started elsewhere (`ray
@@ -65,7 +65,7 @@ RAY_ENV = {
     # A spinning thread takes a core from the gateway, HAProxy and the other arm, and a model
     # replica whose thread was descheduled waits for it at every region: on the 2-core
     # reference machine, at twice capacity, goodput fell to 15 req/s with spinning and was
-    # 111 req/s with this (python -m ops.drill overload, docs/benchmarks.md).
+    # 111 req/s with this (python -m ops.drill overload, docs/benchmarks-history.md).
     "OMP_WAIT_POLICY": "PASSIVE",
 }
 
