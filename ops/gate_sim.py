@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ops._cli_args import _positive
+from ops.cli.types import fraction, fractions, positive_int, rate_range
 from rollout.agreement import wilson_interval
 from rollout.ramp import Ramp, parse_plan
 from rollout.ramp.machine import judge_gates
@@ -210,50 +210,25 @@ def _parser() -> argparse.ArgumentParser:
                     "look) and the new (anytime-valid confidence sequence) agreement gate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--seed", type=int, default=14, help="seed of the random generator")
-    parser.add_argument("--ramps", type=_positive, default=1_000,
+    parser.add_argument("--ramps", type=positive_int, default=1_000,
                         help="simulated ramps per true agreement")
-    parser.add_argument("--threshold", type=_fraction, default=0.98,
+    parser.add_argument("--threshold", type=fraction, default=0.98,
                         help="the gate's agreement_lower_bound")
-    parser.add_argument("--agreements", type=_fractions, default="0.97,0.975,0.979,0.98",
+    parser.add_argument("--agreements", type=fractions, default="0.97,0.975,0.979,0.98",
                         help="comma-separated true agreements to simulate")
-    parser.add_argument("--good", type=_fraction, default=0.995,
+    parser.add_argument("--good", type=fraction, default=0.995,
                         help="a true agreement above the threshold: pairs the new gate needs")
-    parser.add_argument("--duration-s", type=_positive, default=1_800,
+    parser.add_argument("--duration-s", type=positive_int, default=1_800,
                         help="length of the simulated step")
-    parser.add_argument("--interval-s", type=_positive, default=5,
+    parser.add_argument("--interval-s", type=positive_int, default=5,
                         help="seconds between evaluations (CANARY_RAMP_INTERVAL_S)")
-    parser.add_argument("--rate", type=_rate, default="2-20",
+    parser.add_argument("--rate", type=rate_range, default="2-20",
                         help="shadow pairs per second, LOW-HIGH (drawn per ramp)")
-    parser.add_argument("--min-pairs", type=_positive, default=100,
+    parser.add_argument("--min-pairs", type=positive_int, default=100,
                         help="min_agreement_pairs of the plan")
-    parser.add_argument("--window-s", type=_positive, default=120,
+    parser.add_argument("--window-s", type=positive_int, default=120,
                         help="the old gate's window_s")
     return parser
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
-    return value
-
-
-def _fractions(text: str) -> tuple[float, ...]:
-    return tuple(_fraction(part) for part in text.split(","))
-
-
-def _rate(text: str) -> tuple[float, float]:
-    low, _, high = text.partition("-")
-    try:
-        pair = float(low), float(high or low)
-    except ValueError:
-        pair = (0.0, 0.0)
-    if not 0 < pair[0] <= pair[1]:
-        raise argparse.ArgumentTypeError(f"expected LOW-HIGH pairs per second, got {text!r}")
-    return pair
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ops.cli.types import positive_int
+
 SEED = 20261313
 COUNT = 1200
 MAX_CHARS = 6000  # well under the gateway's default max_item_chars (8,192)
@@ -338,23 +340,13 @@ def render(rows: list[dict]) -> str:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ops.make_messy_set", description=__doc__.splitlines()[0],
         epilog="Then: rollout verify --set PATH --no-speed --no-store",
     )
     parser.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
-    parser.add_argument("--count", type=_count, default=COUNT,
+    parser.add_argument("--count", type=positive_int, default=COUNT,
                         help=f"how many inputs (default {COUNT})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"the seed (default {SEED})")
     args = parser.parse_args(argv)

@@ -68,7 +68,7 @@ class StoreUnavailable(RolloutError, ConnectionError):
 
 
 # --- how the edges answer them ----------------------------------------------------------------
-# One table for both edges that translate these errors: the `rollout` command (ops._cli_errors:
+# One table for both edges that translate these errors: the `rollout` command (ops.cli.errors:
 # exit codes) and the dashboard (serve.dashboard.errors: HTTP statuses). Plain ints: nothing
 # here knows HTTP or processes. Most specific first: the first type an error is an instance of
 # answers it. `http_status` None: the dashboard does not translate it (no action raises it).

@@ -80,7 +80,7 @@ class SwitchState:
 
     def model_copy(self, *, update: dict) -> SwitchState:
         """A copy with `update` applied: the call RolloutState answers to, so that the CLI's
-        handlers (ops._cli_kill) take either kind of state."""
+        handlers (ops.cli.kill) take either kind of state."""
         return replace(self, **update)
 
     def to_json(self) -> str:

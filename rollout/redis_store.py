@@ -29,10 +29,12 @@ from rollout.state import AuditEntry, DeploymentReport, RolloutState
 from rollout.store import StateStore, Subscription, check_successor
 from rollout.verdict import Verdict
 
-_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError)
+# the redis-py errors that mean "the store cannot be reached" (the telemetry store's too)
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError)
 
 
-def _unavailable(exc: Exception, url: str) -> StoreUnavailable:
+def unavailable(exc: Exception, url: str) -> StoreUnavailable:
+    """One of UNAVAILABLE as the domain's StoreUnavailable, the URL's password redacted."""
     safe = redact_url(url)
     error = StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
     # a refused password stays refused: the kill does not retry it across a failover
@@ -45,8 +47,8 @@ def call_redis(url: str, fn, *args, **kwargs):
     PermissionDenied, with the URL's password masked in either message."""
     try:
         return fn(*args, **kwargs)
-    except _UNAVAILABLE as exc:
-        raise _unavailable(exc, url) from None
+    except UNAVAILABLE as exc:
+        raise unavailable(exc, url) from None
     except redis.exceptions.NoPermissionError as exc:
         raise PermissionDenied(
             f"Redis at {redact_url(url)} refused: {str(exc).splitlines()[0]}"
@@ -62,9 +64,9 @@ class _RedisSubscription(Subscription):
             # Read the server's confirmation before returning: from then on no change can be
             # missed, and the first wait() cannot mistake the confirmation for "no change".
             confirmation = self._pubsub.get_message(timeout=store.timeout_s)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             self._pubsub.close()
-            raise _unavailable(exc, store.url) from None
+            raise unavailable(exc, store.url) from None
         if not confirmation or confirmation["type"] != "subscribe":
             self._pubsub.close()
             raise StoreUnavailable(
@@ -79,13 +81,13 @@ class _RedisSubscription(Subscription):
             while self._pubsub.get_message(timeout=0) is not None:
                 pass
             return fired
-        except _UNAVAILABLE as exc:
-            raise _unavailable(exc, self._store.url) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, self._store.url) from None
 
     def close(self) -> None:
         try:
             self._pubsub.close()
-        except _UNAVAILABLE:
+        except UNAVAILABLE:
             pass
 
 

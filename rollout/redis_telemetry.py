@@ -19,7 +19,7 @@ from rollout.errors import StoreUnavailable
 from rollout.flips import FlipItem, FlipRecord
 from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
-from rollout.redis_store import _UNAVAILABLE, _unavailable
+from rollout.redis_store import UNAVAILABLE, unavailable
 from rollout.shadow import ShadowItem, merge_shadow
 from rollout.traces import SpanRecord, index_key, request_key, trace_key
 from rollout.windows import RequestRecord, merge_fields
@@ -135,8 +135,8 @@ class RedisTelemetry:
     def _call(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except _UNAVAILABLE as exc:
-            raise _unavailable(exc, self.url) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, self.url) from None
         except redis.RedisError as exc:
             raise StoreUnavailable(f"Redis telemetry error: {type(exc).__name__}: {exc}") from None
 

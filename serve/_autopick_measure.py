@@ -174,7 +174,7 @@ def _speedups(baseline, model, texts: list[str], timer: Callable[[], float], *,
 @torch.inference_mode()
 def _pass(variant, batches: list[list[str]], model, timer: Callable[[], float]) -> float:
     """Seconds to answer `batches` with `model` (None: the variant's own): tokenize, forward,
-    score, as a served request is (ops/verify.py times its passes the same way)."""
+    score, as a served request is (ops/verify/runner.py times its passes the same way)."""
     start = timer()
     for texts in batches:
         variant.scores(variant.served(texts, model=model))

@@ -37,25 +37,8 @@ from pathlib import Path
 
 from ops.bench import endtoend, pipeline, report, target
 from ops.bench.endtoend import BenchError
+from ops.cli.types import key_value, positive_ints
 from serve import ray_env
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated whole numbers: {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 1: {text!r}")
-    return values
-
-
-def _setting(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE: {text!r}")
-    return key.strip(), value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -68,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
                    "REDIS_URL; local app without it: a throwaway redis-server)")
     p.add_argument("--model-path", help="model folder (default: CANARY_MODEL_PATH or the "
                    "packaged all-MiniLM-L6-v2)")
-    p.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
+    p.add_argument("--set", dest="settings", type=key_value, action="append", default=[],
                    metavar="KEY=VALUE", help="a setting by field name, e.g. max_batch_size=32 "
                    "(repeatable; the local app and the in-process variants use it)")
     p.add_argument("--texts", help="JSONL regression-set file whose texts make the workload "
@@ -76,17 +59,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=int, default=128,
                    help="texts in the workload, evenly spaced over the set (default 128)")
     p.add_argument("--task", choices=("classify", "embed"), default="classify")
-    p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 16, 32],
+    p.add_argument("--batch-sizes", type=positive_ints, default=[1, 8, 16, 32],
                    help="in-process batch sizes (default 1,8,16,32)")
     p.add_argument("--rounds", type=int, default=3, help="in-process passes per arm and batch")
     p.add_argument("--threads", type=int, help="torch threads of the in-process part (default: "
                    "those of one model replica, CANARY_TORCH_THREADS or cores / 2, so both "
                    "sides run the same forward)")
-    p.add_argument("--concurrency", type=_ints, default=[1, 8, 32, 64],
+    p.add_argument("--concurrency", type=positive_ints, default=[1, 8, 32, 64],
                    help="gateway concurrency levels (default 1,8,32,64)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level")
-    p.add_argument("--inputs-per-request", type=_ints, default=[1],
+    p.add_argument("--inputs-per-request", type=positive_ints, default=[1],
                    help="texts in each gateway request, or a comma list to sweep, e.g. 1,8 "
                    "(default 1; the per-arm figures use the first)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request")

@@ -1,5 +1,5 @@
 """`rollout kill` / `unkill` against a real Redis, as an operator runs them: the fast path
-(ops._cli_kill) imports nothing heavy and writes what the full path writes; the operator guide's
+(ops.cli.kill) imports nothing heavy and writes what the full path writes; the operator guide's
 `redis-cli` emergency kill reaches a gateway's StateWatcher and `rollout status` flags it."""
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def test_two_tailers_at_once_deliver_each_event_once(app, operator, receiver, no
 
 
 def test_failed_deliveries_show_in_rollout_status(secured, app, operator, monkeypatch):
-    from ops._cli_commands import run
+    from ops.cli.commands import run
 
     closed = Receiver()
     url = closed.url

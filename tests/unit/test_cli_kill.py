@@ -1,5 +1,5 @@
 """The kill switch's fast path, piece by piece, held to the full path it stands in for: the state
-document (rollout.killswitch), the settings (ops._cli_kill.target_from), the Redis URL
+document (rollout.killswitch), the settings (ops.cli.kill.target_from), the Redis URL
 (rollout.resp.parse_url) and when it steps aside. No Redis (tests/integration/test_kill_redis.py
 runs it against one)."""
 
@@ -15,8 +15,9 @@ import pytest
 import redis.connection
 
 import rollout
-from ops import _cli_kill, cli
-from ops._cli_kill import DEFAULT_APP, DEFAULT_REDIS_URL, DEFAULT_TIMEOUT_S, Target, target_from
+from ops import cli
+from ops.cli import kill as cli_kill
+from ops.cli.kill import DEFAULT_APP, DEFAULT_REDIS_URL, DEFAULT_TIMEOUT_S, Target, target_from
 from rollout import RolloutState, Settings
 from rollout.control import big_move as rollout_big_move
 from rollout.killswitch import SwitchState, Unrecognised
@@ -199,14 +200,14 @@ def test_urls_with_options_it_does_not_implement_are_left_to_redis_py(url):
 ])
 def test_what_is_not_a_valid_kill_is_left_to_the_full_path(argv, capsys):
     out, err = io.StringIO(), io.StringIO()
-    assert _cli_kill.quick(argv, stdout=out, stderr=err, environ={}) is None
+    assert cli_kill.quick(argv, stdout=out, stderr=err, environ={}) is None
     assert out.getvalue() == err.getvalue() == "" and capsys.readouterr() == ("", "")
 
 
 def test_an_unreachable_redis_is_reported_by_the_full_path(monkeypatch):
     url = f"redis://127.0.0.1:{free_port()}/0"
     out, err = io.StringIO(), io.StringIO()
-    assert _cli_kill.quick(["kill", "--reason", "r"], stdout=out, stderr=err,
+    assert cli_kill.quick(["kill", "--reason", "r"], stdout=out, stderr=err,
                            environ={"REDIS_URL": url}) is None
     assert out.getvalue() == err.getvalue() == ""
     for name in ("CANARY_APP_NAME", "CANARY_REDIS_URL"):

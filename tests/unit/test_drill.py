@@ -15,9 +15,10 @@ import types
 
 import pytest
 
-from ops import _drill_control, drill
-from ops._drill_args import client_counts, factors, niceness, percent, seconds
-from ops._drill_client import (
+from ops.cli.types import client_counts, factors, niceness, percent, seconds
+from ops.drill import command as drill
+from ops.drill import control as drill_control
+from ops.drill.client import (
     DrillError,
     SlowResult,
     Target,
@@ -27,8 +28,8 @@ from ops._drill_client import (
     request_id_problems,
     slow_upload,
 )
-from ops._drill_headers import cases
-from ops._drill_load import (
+from ops.drill.headers import cases
+from ops.drill.load import (
     BadResponse,
     LoopLag,
     Niceness,
@@ -48,8 +49,8 @@ from ops._drill_load import (
     stat_niceness,
     summarize,
 )
-from ops._drill_memory import growth_pct, watch_rss
-from ops._drill_report import Goal, Report, format_report, median, pct, ratio, share, summary_table
+from ops.drill.memory import growth_pct, watch_rss
+from ops.drill.report import Goal, Report, format_report, median, pct, ratio, share, summary_table
 
 
 class FakeClock:
@@ -580,7 +581,7 @@ def test_raw_client_sends_the_headers_it_was_given_on_every_request():
 
 
 def test_overload_goals_follow_the_factor_and_the_deadline():
-    from ops._drill_overload import deadline_goals
+    from ops.drill.overload import deadline_goals
 
     figures = {"sent": 1000, "ok_per_s": 70.0, "p99_ms": 900.0,
                "counts": {"lost": 0, "other": 0}, "statuses": {"200": 700, "503": 290,
@@ -696,7 +697,7 @@ def test_apply_niceness_reaches_the_replicas_or_what_was_asked():
 def test_the_operator_thread_keeps_the_niceness_the_drill_started_with():
     code = """if True:
         import os, subprocess, sys, threading
-        from ops import _drill_load as load
+        from ops.drill import load
         operator = load.start_operator_thread()
         start = os.nice(0)
         os.nice(3)
@@ -864,15 +865,15 @@ def test_rss_watch_gives_up_after_its_window():
 # --- the rollout CLI and state -------------------------------------------------------------------
 
 def test_cli_run_times_the_process_and_reports_a_failure_in_one_line():
-    ok = _drill_control.Cli((sys.executable, "-c", "pass"))
+    ok = drill_control.Cli((sys.executable, "-c", "pass"))
     assert 0 < ok.run("kill") < 30
-    failing = _drill_control.Cli((sys.executable, "-c",
+    failing = drill_control.Cli((sys.executable, "-c",
                                   "import sys; print('store unavailable', file=sys.stderr); "
                                   "sys.exit(1)"))
     with pytest.raises(DrillError, match="kill --reason drill` exited 1: store unavailable"):
         failing.kill()
     with pytest.raises(DrillError, match="cannot run"):
-        _drill_control.Cli(("/nonexistent/rollout",)).kill()
+        drill_control.Cli(("/nonexistent/rollout",)).kill()
 
 
 class FakeRollout:
@@ -895,15 +896,15 @@ class FakeRollout:
 
 def test_canary_and_kill_switch_are_restored_even_when_the_block_fails(monkeypatch):
     fake = FakeRollout(percent=5.0, kill=True)
-    monkeypatch.setattr(_drill_control, "rollout_view", fake.view)
-    cli = _drill_control.Cli(("rollout",))
-    monkeypatch.setattr(_drill_control.Cli, "run", lambda self, *args: fake.run(*args))
+    monkeypatch.setattr(drill_control, "rollout_view", fake.view)
+    cli = drill_control.Cli(("rollout",))
+    monkeypatch.setattr(drill_control.Cli, "run", lambda self, *args: fake.run(*args))
     with pytest.raises(RuntimeError):
-        with _drill_control.canary_at(cli, "http://x", 50) as before:
+        with drill_control.canary_at(cli, "http://x", 50) as before:
             assert before == 5.0 and fake.percent == 50.0
-            with _drill_control.kill_restored(cli, "http://x", settle_s=0) as was_on:
+            with drill_control.kill_restored(cli, "http://x", settle_s=0) as was_on:
                 assert was_on is True
-                assert _drill_control.time_kills(cli, 2) == [0.01, 0.01]
+                assert drill_control.time_kills(cli, 2) == [0.01, 0.01]
                 assert fake.kill_on is False
                 raise RuntimeError("the burst broke")
     assert fake.percent == 5.0 and fake.kill_on is True

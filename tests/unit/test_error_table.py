@@ -1,5 +1,5 @@
 """One table of rollout errors for both edges (rollout.errors.ANSWERS): the `rollout` command's
-exit codes (ops._cli_errors) and the dashboard's HTTP statuses (serve.dashboard.errors)."""
+exit codes (ops.cli.errors) and the dashboard's HTTP statuses (serve.dashboard.errors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import rollout.errors as errors
-from ops._cli_errors import EXITS, exit_for
+from ops.cli.errors import EXITS, exit_for
 from rollout.errors import ANSWERS, RampNotAllowed, RevisionConflict, answer_for
 from serve.dashboard.errors import RampNotPossible, dashboard_error
 

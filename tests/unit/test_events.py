@@ -320,7 +320,7 @@ def test_a_held_step_is_noted_stalled_once_when_its_soak_is_over():
 
 
 def test_a_stored_verdict_is_audited_as_a_verify_verdict_event(store):
-    from ops.verify_command import _audit_verdict
+    from ops.verify.command import _audit_verdict
     from rollout import Verdict
 
     verdict = Verdict(baseline_version="b", optimized_version="o", passed=False,
@@ -356,7 +356,7 @@ def test_webhook_settings_parse_comma_lists_and_name_what_is_wrong():
 def test_rollout_status_shows_the_webhook_counters_and_warns(store):
     import io
 
-    from ops._cli_commands import run
+    from ops.cli.commands import run
     from rollout.windows import MemoryHashes
 
     hashes, clock = MemoryHashes(), FakeClock(10_000.0)

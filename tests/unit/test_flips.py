@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import ValidationError
 
 from ops import cli
-from ops._cli_flips import flip_rows, regression_rows
+from ops.cli.flips import flip_rows, regression_rows
 from rollout import Arm, FakeClock, MemoryStateStore, Settings
 from rollout.flips import (
     FlipCapture,
@@ -465,7 +465,7 @@ def test_whether_capture_is_on_comes_from_what_the_gateways_report(monkeypatch):
 
 
 def test_the_heartbeats_heard_are_those_rollout_status_counts_as_live():
-    from ops._cli_flips import REPORTS_TTL_S
+    from ops.cli.flips import REPORTS_TTL_S
     from rollout.control import DEPLOYMENT_TTL_S
 
     assert REPORTS_TTL_S == DEPLOYMENT_TTL_S

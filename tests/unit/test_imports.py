@@ -113,9 +113,71 @@ def test_the_graph_sees_function_level_and_package_imports():
     graph = import_graph()
     assert "rollout.windows" in graph["rollout.status"]
     assert "rollout.redis_store" in graph["rollout"]  # imported inside open_store
-    assert "ops._cli_commands" in graph["ops.cli"]  # imported inside main
+    assert "ops.cli.commands" in graph["ops.cli"]  # imported inside main
 
 
 def test_no_module_imports_one_that_imports_it_back():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_to(dotted: str) -> str | None:
+    """The package a module path is private to (the parent of its first `_` part), or None."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if _private(part):
+            return ".".join(parts[:i])
+    return None
+
+
+def private_imports(sources: dict[str, tuple[Path, ast.Module]]) -> list[str]:
+    """Imports that reach into another module's privates: `from X import _name` (a name private
+    to module X), and a `_module` imported from outside its package. A `_` means private to its
+    module, or for a module to its package, as in httpx; nothing outside uses it."""
+    found = []
+    for module, (path, tree) in sources.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for source, name in _imports(module, path, tree):
+            if source.split(".")[0] not in PACKAGES:
+                continue
+            submodule = name is not None and f"{source}.{name}" in sources
+            target = f"{source}.{name}" if submodule else source
+            owner = _private_to(target)
+            if owner is not None and package != owner and not package.startswith(owner + "."):
+                found.append(f"{module} imports {target}, private to {owner}")
+            elif name and not submodule and _private(name) and source != module:
+                found.append(f"{module}: from {source} import {name}")
+    return found
+
+
+def test_the_private_import_finder_finds_them():
+    def parsed(files: dict[str, str]) -> dict[str, tuple[Path, ast.Module]]:
+        return {name.removesuffix(".__init__"): (Path(name.replace(".", "/") + ".py"),
+                                                  ast.parse(code)) for name, code in files.items()}
+
+    assert private_imports(parsed({
+        "rollout.__init__": "", "rollout.a": "_X = 1\ndef _f(): pass",
+        "rollout.b": "from rollout.a import _X, _f",
+        "serve.__init__": "", "serve._m": "", "serve.c": "from serve._m import f",
+        "ops.__init__": "from __future__ import annotations\nfrom serve import _m",
+    })) == ["rollout.b: from rollout.a import _X", "rollout.b: from rollout.a import _f",
+            "ops imports serve._m, private to serve"]
+
+
+def test_no_module_imports_a_private_name_from_another():
+    found = private_imports(_sources())
+    assert not found, "make the name public (no leading _) or keep it in its module: " + \
+        "; ".join(found)
+
+
+def test_ops_has_few_top_level_entries():
+    """ops/ in wings (cli/, drill/, verify/, bench/): 45 entries before, 21 now. Issue 26's goal
+    is 15, reached when the load generators (loadtest.py, measure.py, overhead.py,
+    bench_series.py) join the bench wing as one library."""
+    entries = [p.name for p in (ROOT / "ops").iterdir()
+               if p.name != "__pycache__" and not p.name.startswith(".")]
+    assert len(entries) <= 21, sorted(entries)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices
 
-from ops._cli_args import build_parser
+from ops.cli.args import build_parser
 from rollout import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from ops._cli_errors import exit_for
-from ops._cli_kill import (
+from ops.cli.errors import exit_for
+from ops.cli.kill import (
     DEFAULT_KILL_RETRY_S,
     DEFAULT_WAIT_TIMEOUT_MS,
     Target,

@@ -117,7 +117,7 @@ def test_a_ramp_with_the_slice_gate_rolls_back_what_the_overall_gate_lets_throug
 
 
 def test_the_gate_carries_its_slice_table_worst_first_and_the_cli_shows_ten():
-    from ops._cli_slices import gate_slice_lines, status_slice_lines
+    from ops.cli.slices import gate_slice_lines, status_slice_lines
     from rollout.slices import slice_table
 
     counts = {f"header:t{i:02d}": (100, 100 - i) for i in range(14)}
@@ -136,7 +136,7 @@ def test_the_gate_carries_its_slice_table_worst_first_and_the_cli_shows_ten():
 
 
 def test_rollout_status_shows_and_returns_the_slice_table():
-    from ops._cli_telemetry import shadow_lines
+    from ops.cli.telemetry import shadow_lines
     from rollout.shadow import aggregate_shadow, shadow_fields
 
     pairs = [PairOutcome(True, 0.3, slices=("script:latin",))] * 60

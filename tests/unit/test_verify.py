@@ -142,7 +142,7 @@ def test_a_store_outage_still_prints_the_report_then_fails(env):
 @pytest.mark.parametrize(("argv", "message"), [
     (("--set", "/nonexistent.jsonl"), "cannot read regression set"),
     (("--recipe", "int4"), "CANARY_OPTIMIZED_RECIPE"),
-    (("--limit", "0"), "whole number"),
+    (("--limit", "0"), "must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(env, argv, message):
     code, out, err, _ = verify(*argv, "--quiet")
@@ -170,7 +170,7 @@ def test_set_changes_what_is_judged_not_what_is_calibrated(env, tmp_path):
         seen.update(regression_set=settings.regression_set, set_path=set_path)
         raise RegressionSetError("stopped by the test")
 
-    env.setattr("ops.verify.run", run)
+    env.setattr("ops.verify.runner.run", run)
     code, _, err, _ = verify("--set", str(path), "--recipe", "ov-int8", "--quiet")
     assert code == 2 and "stopped by the test" in err
     assert seen == {"regression_set": None, "set_path": str(path)}

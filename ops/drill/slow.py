@@ -19,10 +19,10 @@ from collections import Counter
 
 import httpx
 
-from ops._drill_args import bounded_int, seconds
-from ops._drill_client import SlowResult, Target, counter_by, counter_delta, slow_upload
-from ops._drill_load import Sender, measure_closed, short_body
-from ops._drill_report import Goal, Report, pct, ratio, share
+from ops.cli.types import bounded_int, seconds
+from ops.drill.client import SlowResult, Target, counter_by, counter_delta, slow_upload
+from ops.drill.load import Sender, measure_closed, short_body
+from ops.drill.report import Goal, Report, pct, ratio, share
 from rollout.settings import Settings
 
 NAME = "slow-bodies"

@@ -12,10 +12,9 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from ops import _cli_flips, _cli_ramp, _cli_route
-from ops._cli_errors import UsageError
-from rollout.errors import InvalidChange
-from rollout.share import parse_percent
+from ops.cli import flips, ramp, route
+from ops.cli.errors import UsageError
+from ops.cli.types import canary_percent, positive_int, text
 
 if TYPE_CHECKING:
     from rollout.settings import Settings
@@ -26,35 +25,6 @@ PROG = "rollout"
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump; main() maps it to exit 2
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def _percent(text: str) -> int:
-    try:
-        return parse_percent(text.strip().removesuffix("%"))
-    except InvalidChange as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _text(what: str):
-    def check(text: str) -> str:
-        text = text.strip()
-        if not text:
-            raise argparse.ArgumentTypeError(f"the {what} must not be empty")
-        if not text.isprintable():
-            raise argparse.ArgumentTypeError(f"the {what} must be one line of printable text")
-        return text
-
-    return check
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 _MAIN_EPILOG = """\
@@ -161,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: CANARY_APP_NAME, else 'default')")
     group.add_argument("--redis-url", metavar="URL", default=argparse.SUPPRESS,
                        help="Redis holding the rollout state (default: REDIS_URL)")
-    group.add_argument("--actor", metavar="NAME", type=_text("actor"), default=argparse.SUPPRESS,
+    group.add_argument("--actor", metavar="NAME", type=text("actor"), default=argparse.SUPPRESS,
                        help="who makes the change, for the audit log "
                             "(default: ROLLOUT_ACTOR, else user@host)")
 
@@ -172,12 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (short, description, epilog) in _COMMANDS.items():
         sub[name] = commands.add_parser(name, help=short, description=description, epilog=epilog,
                                         parents=[common], formatter_class=fmt)
-    sub["canary"].add_argument("percent", metavar="PCT", type=_percent,
+    sub["canary"].add_argument("percent", metavar="PCT", type=canary_percent,
                                help="new share in percent, 0-100, at most two decimals")
-    sub["revert"].add_argument("revision", metavar="REVISION", type=_positive,
+    sub["revert"].add_argument("revision", metavar="REVISION", type=positive_int,
                                help="the revision whose share and kill switch to restore")
     for name in ("canary", "kill", "unkill", "revert"):
-        sub[name].add_argument("--reason", required=True, type=_text("reason"),
+        sub[name].add_argument("--reason", required=True, type=text("reason"),
                                help="why, for the audit log (required)")
     for name in ("canary", "unkill", "revert"):
         sub[name].add_argument("-y", "--yes", action="store_true",
@@ -193,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--recipe", metavar="NAME",
                         help="optimization recipe of the optimized variant (default: "
                              "CANARY_OPTIMIZED_RECIPE); see docs/recipes.md for the list")
-    verify.add_argument("--limit", metavar="N", type=_positive, help="only the first N inputs")
+    verify.add_argument("--limit", metavar="N", type=positive_int, help="only the first N inputs")
     verify.add_argument("--no-speed", action="store_true",
                         help="skip the throughput and memory measurement (and the speedup "
                              "gate); a ramp climbs on such a verdict only when its plan sets "
@@ -203,20 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "length-sorted batches (the gated speedup) and in set order")
     verify.add_argument("--no-store", action="store_true", help="do not store the verdict")
     verify.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    sub["audit"].add_argument("--last", metavar="N", type=_positive,
+    sub["audit"].add_argument("--last", metavar="N", type=positive_int,
                               help="only the newest N entries")
-    sub["status"].add_argument("--window", metavar="SECONDS", type=_positive, default=60,
+    sub["status"].add_argument("--window", metavar="SECONDS", type=positive_int, default=60,
                                help="per-arm traffic over the last SECONDS (default 60)")
-    sub["traces"].add_argument("--last", metavar="N", type=_positive, default=20,
+    sub["traces"].add_argument("--last", metavar="N", type=positive_int, default=20,
                                help="list the newest N traces (default 20)")
     which = sub["traces"].add_mutually_exclusive_group()
-    which.add_argument("--request-id", metavar="ID", type=_text("request id"),
+    which.add_argument("--request-id", metavar="ID", type=text("request id"),
                        help="show the trace of this request as a waterfall")
-    which.add_argument("--trace-id", metavar="ID", type=_text("trace id"),
+    which.add_argument("--trace-id", metavar="ID", type=text("trace id"),
                        help="show this trace as a waterfall")
-    _cli_ramp.add_parser(commands, common, _text("reason"))
-    _cli_route.add_parser(commands, common, _text("reason"))
-    _cli_flips.add_parser(commands, common, _positive)
+    ramp.add_parser(commands, common, text("reason"))
+    route.add_parser(commands, common, text("reason"))
+    flips.add_parser(commands, common, positive_int)
     return parser
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from ops._drill_client import Target, raw_predict, request_id_problems
-from ops._drill_report import Goal, Report
+from ops.drill.client import Target, raw_predict, request_id_problems
+from ops.drill.report import Goal, Report
 
 NAME = "request-id"
 HELP = "malformed X-Request-ID values: exactly one id comes back, never the raw value"

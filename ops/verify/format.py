@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops._cli_format import one_line, table
+from ops.cli.format import one_line, table
 from rollout.agreement import Pair, Summary
 
 SHOW_FLIPS = 20  # confident flips shown in the table (all of them are in --json)

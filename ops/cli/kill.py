@@ -42,9 +42,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from ops._cli_args import PROG, UsageError, build_parser
-from ops._cli_context import Ask, ChangeContext
-from ops._cli_errors import exit_for
+from ops.cli.args import PROG, UsageError, build_parser
+from ops.cli.context import Ask, ChangeContext
+from ops.cli.errors import exit_for
 from rollout import resp
 from rollout.errors import NotAcknowledged, StoreUnavailable
 from rollout.killswitch import QuickSwitch

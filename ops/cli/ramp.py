@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from ops._cli_format import age, one_line, table, when
+from ops.cli.format import age, one_line, table, when
 from rollout.share import format_bp
 
 if TYPE_CHECKING:  # rollout.ramp is imported when a ramp command runs, not to parse one
@@ -148,7 +148,7 @@ def _status(ctx, view: RampView) -> int:
                   (f" ({g['note']})" if g.get("note") else "")) for g in last["gates"]]
         for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells):
             ctx.say("  " + line)
-        from ops._cli_slices import gate_slice_lines
+        from ops.cli.slices import gate_slice_lines
 
         for line in gate_slice_lines(next((g["rows"] for g in last["gates"] if g.get("rows")),
                                           ())):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from ops._drill_client import DrillError
+from ops.drill.client import DrillError
 
 ACTOR = "drill"
 

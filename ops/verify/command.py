@@ -1,4 +1,5 @@
-"""The `verify` command's edge: run ops.verify, judge, store the verdict, print, pick the exit code.
+"""The `verify` command's edge: run the measurement (ops.verify.runner), judge, store the
+verdict, print, pick the exit code.
 
 Exit codes: 0 every threshold met (and the verdict stored), 1 a threshold missed or the store
 unavailable (the report is printed first), 2 a bad regression set, model folder or setting, or
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from ops._cli_args import UsageError, default_actor
-from ops._verify_format import document, human
+from ops.cli.args import UsageError, default_actor
+from ops.verify.format import document, human
 from rollout import Settings, StoreUnavailable, Verdict, judge_summary, thresholds_from
 from rollout.verdict import Thresholds, judge_slices, worst_slice
 from serve.regression import RegressionSetError
@@ -18,7 +19,7 @@ from serve.regression import RegressionSetError
 
 def verify(ctx, settings: Settings) -> int:
     args = ctx.args
-    from ops import verify as runner  # torch and transformers: imported only now
+    from ops.verify import runner  # torch and transformers: imported only now
     from serve.variants import ModelSourceError
 
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ops._cli_format import one_line, table, when
-from ops._cli_slices import status_slice_lines
+from ops.cli.format import one_line, table, when
+from ops.cli.slices import status_slice_lines
 from rollout import ArmStats, ShadowStats, TraceSummary
 from rollout.efficiency import Speedup
 from rollout.slices import DEFAULT_MIN_PAIRS

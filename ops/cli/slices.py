@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ops._cli_format import table
+from ops.cli.format import table
 from rollout.slices import SliceRow, worst_rows
 
 SHOWN = 10  # rows of a slice table; the rest are counted

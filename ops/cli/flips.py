@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ops._cli_errors import NothingRecorded, UsageError
-from ops._cli_format import one_line, table, when
+from ops.cli.errors import NothingRecorded, UsageError
+from ops.cli.format import one_line, table, when
 from rollout.flips import FlipRecord, to_regression_row
 
 if TYPE_CHECKING:  # the CLI's parser is built without pydantic (the kill's fast path)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from ops._drill_args import bounded_int
-from ops._drill_client import Target
-from ops._drill_control import Cli, kill_restored, time_kills
-from ops._drill_report import Goal, Report, median
+from ops.cli.types import bounded_int
+from ops.drill.client import Target
+from ops.drill.control import Cli, kill_restored, time_kills
+from ops.drill.report import Goal, Report, median
 
 NAME = "kill"
 HELP = "time `rollout kill` on a quiet gateway (median of 5, unkill after each)"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ops._cli_format import one_line, table, when
+from ops.cli.format import one_line, table, when
+from ops.cli.types import header_route
 
 _ACTIONS = {
     "add": ("send requests with a header value to an arm (audited)",
@@ -35,23 +36,6 @@ _ACTIONS = {
 }
 
 
-def _header(text: str) -> tuple[str, tuple[str, ...]]:
-    """--header NAME=VALUE[,VALUE...], checked as the state will check it."""
-    from rollout.errors import InvalidChange  # light; rollout.routes imports pydantic
-    from rollout.routes import MAX_VALUES, header_problem, parse_header, value_problem
-
-    try:
-        name, values = parse_header(text)
-    except InvalidChange as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    problem = header_problem(name) or next(filter(None, map(value_problem, values)), None)
-    if problem is None and len(values) > MAX_VALUES:
-        problem = f"a route has at most {MAX_VALUES} header values, got {len(values)}"
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return name, values
-
-
 def add_parser(commands, common, text) -> None:
     """The `route` command and its actions; `text` checks a one-line reason."""
     fmt = argparse.RawDescriptionHelpFormatter
@@ -70,7 +54,7 @@ def add_parser(commands, common, text) -> None:
                                  parents=[common], formatter_class=fmt)
         if name == "add":
             sub.add_argument("--header", required=True, metavar="NAME=VALUE[,VALUE...]",
-                             type=_header, help="the request header and its value(s), exact")
+                             type=header_route, help="the request header and its value(s), exact")
             sub.add_argument("--arm", required=True, choices=("baseline", "optimized"),
                              help="where matching requests go")
         if name == "remove":

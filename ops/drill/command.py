@@ -32,16 +32,15 @@ import sys
 
 import httpx
 
-from ops import _drill_burst, _drill_headers, _drill_kill, _drill_overload, _drill_slow
-from ops._drill_args import niceness
-from ops._drill_client import DrillError, Target
-from ops._drill_load import Niceness, apply_niceness, operator_thread, start_operator_thread
-from ops._drill_report import Report, format_report, summary_table
+from ops.cli.types import niceness
+from ops.drill import burst, headers, kill, overload, slow
+from ops.drill.client import DrillError, Target
+from ops.drill.load import Niceness, apply_niceness, operator_thread, start_operator_thread
+from ops.drill.report import Report, format_report, summary_table
 
 PROG = "python -m ops.drill"
 DEFAULT_URL = "http://127.0.0.1:8000"
-SCENARIOS = {m.NAME: m for m in (_drill_slow, _drill_overload, _drill_burst, _drill_kill,
-                                 _drill_headers)}
+SCENARIOS = {m.NAME: m for m in (slow, overload, burst, kill, headers)}
 _FMT = argparse.RawDescriptionHelpFormatter
 
 
@@ -160,6 +159,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(output) if args.json else output)
     return _exit_code(reports)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,10 +21,10 @@ import asyncio
 import threading
 import time
 
-from ops._drill_args import bounded_int, percent, positive_float, seconds
-from ops._drill_client import DrillError, Target
-from ops._drill_control import Cli, canary_at, kill_restored
-from ops._drill_load import (
+from ops.cli.types import bounded_int, percent, positive_float, seconds
+from ops.drill.client import DrillError, Target
+from ops.drill.control import Cli, canary_at, kill_restored
+from ops.drill.load import (
     LoopLag,
     Sender,
     Shot,
@@ -33,8 +33,8 @@ from ops._drill_load import (
     closed_loop,
     make_texts,
 )
-from ops._drill_memory import replica_rss, watch_rss
-from ops._drill_overload import (
+from ops.drill.memory import replica_rss, watch_rss
+from ops.drill.overload import (
     add_measure_arguments,
     client_figures,
     load_and_recover,
@@ -42,7 +42,7 @@ from ops._drill_overload import (
     measure,
     phase_figures,
 )
-from ops._drill_report import Goal, Report, median
+from ops.drill.report import Goal, Report, median
 
 NAME = "burst"
 HELP = "200 clients of 32 long texts at canary 50 %%: goodput, recovery, replica memory, kill time"

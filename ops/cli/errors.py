@@ -1,8 +1,8 @@
 """The `rollout` command's own errors, and the one table that turns any error into an exit code
-and a one-line message (ops._cli_commands.run). Rollout errors take their exit code from the
+and a one-line message (ops.cli.commands.run). Rollout errors take their exit code from the
 table the dashboard shares (rollout.errors.ANSWERS); this module adds the CLI's messages.
 
-Light on purpose: the kill fast path (ops._cli_kill) imports it through ops._cli_args.
+Light on purpose: the kill fast path (ops.cli.kill) imports it through ops.cli.args.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
-from ops import _cli_flips, _cli_kill, _cli_ramp, _cli_route
-from ops._cli_args import PROG, build_parser, settings_from
-from ops._cli_context import Ask, ChangeContext
-from ops._cli_errors import Aborted, NothingRecorded, UsageError, exit_for
-from ops._cli_format import (
+from ops.cli import flips, kill, ramp, route
+from ops.cli.args import PROG, build_parser, settings_from
+from ops.cli.context import Ask, ChangeContext
+from ops.cli.errors import Aborted, NothingRecorded, UsageError, exit_for
+from ops.cli.format import (
     describe_change,
     gateway_rows,
     one_line,
@@ -25,7 +25,7 @@ from ops._cli_format import (
     webhook_lines,
     when,
 )
-from ops._cli_telemetry import arm_rows, efficiency_line, shadow_lines, trace_rows, waterfall
+from ops.cli.telemetry import arm_rows, efficiency_line, shadow_lines, trace_rows, waterfall
 from rollout import (
     Clock,
     Rollout,
@@ -96,7 +96,7 @@ def _status(ctx: _Context) -> int:
     shadow, now = status.shadow, status.now
     rows = ([("store", ctx.where)] if ctx.where else []) + status_rows(state, now,
                                                                       status.audited)
-    rows += _cli_route.status_lines(state.routes)
+    rows += route.status_lines(state.routes)
     rows += gateway_rows(state, status.gateways, now, DEPLOYMENT_TTL_S)
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
@@ -212,7 +212,7 @@ def _audit(ctx: _Context) -> int:
 
 
 def _verify(ctx: _Context) -> int:
-    from ops.verify_command import verify
+    from ops.verify import verify
 
     return verify(ctx, ctx.read_settings())
 
@@ -220,15 +220,15 @@ def _verify(ctx: _Context) -> int:
 def _ramp(ctx: _Context) -> int:
     from rollout.ramp import RampControl
 
-    return _cli_ramp.run(ctx, RampControl(ctx.rollout.store, ctx.ramps, ctx.clock))
+    return ramp.run(ctx, RampControl(ctx.rollout.store, ctx.ramps, ctx.clock))
 
 
 _HANDLERS = {
-    "ramp": _ramp, "status": _status, "canary": _canary, "kill": _cli_kill.kill,
-    "unkill": _cli_kill.unkill,
+    "ramp": _ramp, "status": _status, "canary": _canary, "kill": kill.kill,
+    "unkill": kill.unkill,
     "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
-    "route": _cli_route.run,
-    "flips": _cli_flips.run,
+    "route": route.run,
+    "flips": flips.run,
 }
 
 
@@ -270,7 +270,7 @@ def run(argv=None, *, store: StateStore | None = None, clock: Clock | None = Non
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (KeyboardInterrupt, Exception) as exc:  # one line and an exit code (ops._cli_errors)
+    except (KeyboardInterrupt, Exception) as exc:  # one line and an exit code (ops.cli.errors)
         code, message, prefix = exit_for(exc)
         return _fail(err, message, code, prefix=prefix)
     finally:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from ops._drill_args import bounded_int, client_counts, factors, positive_float, seconds
-from ops._drill_client import DrillError, Target
-from ops._drill_load import (
+from ops.cli.types import bounded_int, client_counts, factors, positive_float, seconds
+from ops.drill.client import DrillError, Target
+from ops.drill.load import (
     LoopLag,
     Offered,
     Sender,
@@ -36,7 +36,7 @@ from ops._drill_load import (
     small_probe,
     summarize,
 )
-from ops._drill_report import Goal, Report, ratio, share
+from ops.drill.report import Goal, Report, ratio, share
 
 NAME = "overload"
 HELP = "open-loop load at 2x, 5x, 10x measured capacity: goodput, p99, nothing lost, recovery"

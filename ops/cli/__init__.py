@@ -19,20 +19,20 @@ revision the operator saw, so a concurrent change is reported, never overwritten
 switch is the exception: it never asks and always wins.
 
 The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once;
-`verify` alone imports torch and transformers (ops.verify), when it runs. `kill` and `unkill`
-first try a fast path (ops._cli_kill) that imports neither pydantic nor redis-py and returns in
+`verify` alone imports torch and transformers (ops.verify.runner), when it runs. `kill` and `unkill`
+first try a fast path (ops.cli.kill) that imports neither pydantic nor redis-py and returns in
 a few tens of milliseconds; whatever it cannot do (an error to report, a question to ask) the
-full path (ops._cli_commands) does, from the start.
+full path (ops.cli.commands) does, from the start.
+The argparse value types of this and every other ops command are ops.cli.types.
 Exit codes: 0 done, 1 store unavailable, conflict or aborted, 2 invalid usage or input, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import IO
 
-from ops._cli_args import build_parser
-from ops._cli_kill import quick
+from ops.cli.args import build_parser
+from ops.cli.kill import quick
 
 __all__ = ["build_parser", "main"]
 
@@ -47,11 +47,8 @@ def main(argv=None, *, store=None, clock=None, stdin: IO[str] | None = None,
         code = quick(argv, stdout=stdout, stderr=stderr)
         if code is not None:
             return code
-    from ops._cli_commands import run
+    from ops.cli.commands import run
 
     return run(argv, store=store, clock=clock, stdin=stdin, stdout=stdout, stderr=stderr,
                telemetry=telemetry, ramps=ramps)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """What a `rollout` command handler changes the rollout through, on either path: the full path's
-context (ops._cli_commands) and the kill fast path's (ops._cli_kill) both derive from it.
+context (ops.cli.commands) and the kill fast path's (ops.cli.kill) both derive from it.
 
 Every change goes one way, `ctx.change(...)`: ask when it is a big move (`Ask`; each path
 decides how: a prompt, `--yes`, or stepping aside), make the compare-and-set change, print the
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from ops._cli_args import default_actor
-from ops._cli_format import change_line
+from ops.cli.args import default_actor
+from ops.cli.format import change_line
 
 if TYPE_CHECKING:
     from rollout.state import RolloutState

@@ -1,0 +1,7 @@
+"""`python -m ops.drill ...`: the incident drills."""
+
+import sys
+
+from ops.drill import main
+
+sys.exit(main())
