@@ -19,9 +19,9 @@ import statistics
 import time
 
 from rollout import Attempt, RequestRecord, Windows
-from rollout.redis_telemetry import RedisTelemetry, WindowItem
-from rollout.series import StepCache
-from rollout.windows import telemetry_prefix
+from rollout.telemetry.redis_store import RedisTelemetry, WindowItem
+from rollout.telemetry.series import StepCache
+from rollout.telemetry.windows import telemetry_prefix
 
 APP = "bench-series"
 

@@ -36,7 +36,7 @@ from ops.cli.types import fraction, fractions, positive_int, rate_range
 from rollout.agreement import wilson_interval
 from rollout.ramp import Ramp, parse_plan
 from rollout.ramp.machine import judge_gates
-from rollout.windows import ArmStats
+from rollout.telemetry.windows import ArmStats
 
 Look = tuple[int, int]  # (pairs, agreed) since the step started, at one evaluation
 Gate = Callable[[Sequence[Look], int], bool]  # (the looks so far, this look's index) -> passes

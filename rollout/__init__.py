@@ -20,17 +20,17 @@ _EXPORTS = {
         "RevisionNotFound", "RolloutError", "StoreUnavailable",
     ),
     "rollout.policy": ("Arm", "Reason", "RoutingDecision", "bucket_of", "decide", "effective_bp"),
-    "rollout.routes": ("Route",),
+    "rollout.header_routes": ("Route",),
     "rollout.settings": ("Settings",),
     "rollout.shadow": ("ShadowStats",),
-    "rollout.sink": ("TelemetrySink",),
+    "rollout.telemetry.sink": ("TelemetrySink",),
     "rollout.state": ("AuditEntry", "DeploymentReport", "RolloutState"),
     "rollout.share": ("BUCKETS", "format_bp", "parse_percent"),
     "rollout.store": ("MemoryStateStore", "StateStore", "Subscription"),
-    "rollout.traces": ("MemoryTelemetry", "TraceSummary", "Traces"),
+    "rollout.telemetry.traces": ("MemoryTelemetry", "TraceSummary", "Traces"),
     "rollout.verdict": ("Thresholds", "Verdict", "judge", "judge_summary", "thresholds_from"),
     "rollout.watcher": ("StateView", "StateWatcher"),
-    "rollout.windows": ("ArmStats", "Attempt", "RequestRecord", "Windows"),
+    "rollout.telemetry.windows": ("ArmStats", "Attempt", "RequestRecord", "Windows"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -62,18 +62,18 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         StoreUnavailable,
     )
     from rollout.flips import FlipCapture, FlipRecord, MemoryFlips
+    from rollout.header_routes import Route
     from rollout.policy import Arm, Reason, RoutingDecision, bucket_of, decide, effective_bp
-    from rollout.routes import Route
     from rollout.settings import Settings
     from rollout.shadow import ShadowStats
     from rollout.share import BUCKETS, format_bp, parse_percent
-    from rollout.sink import TelemetrySink
     from rollout.state import AuditEntry, DeploymentReport, RolloutState
     from rollout.store import MemoryStateStore, StateStore, Subscription
-    from rollout.traces import MemoryTelemetry, Traces, TraceSummary
+    from rollout.telemetry.sink import TelemetrySink
+    from rollout.telemetry.traces import MemoryTelemetry, Traces, TraceSummary
+    from rollout.telemetry.windows import ArmStats, Attempt, RequestRecord, Windows
     from rollout.verdict import Thresholds, Verdict, judge, judge_summary, thresholds_from
     from rollout.watcher import StateView, StateWatcher
-    from rollout.windows import ArmStats, Attempt, RequestRecord, Windows
 
 
 def __getattr__(name: str):
@@ -99,7 +99,7 @@ def open_store(settings: Settings) -> StateStore:
 
 def open_telemetry(settings: Settings):
     """The Redis telemetry store named by the settings: the source of `Windows` and `Traces`."""
-    from rollout.redis_telemetry import RedisTelemetry
+    from rollout.telemetry.redis_store import RedisTelemetry
 
     return RedisTelemetry(
         settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rollout.clock import Clock, SystemClock
 from rollout.errors import InvalidChange, RevisionConflict
-from rollout.routes import with_route, without_route
+from rollout.header_routes import with_route, without_route
 from rollout.share import BIG_MOVE_BP, BUCKETS, big_move, format_bp
 from rollout.state import RolloutState
 from rollout.store import StateStore
@@ -96,7 +96,7 @@ class Rollout:
         self, header: str, values: tuple[str, ...] | list[str], arm: str, *, actor: str,
         reason: str, expected_revision: int | None = None,
     ) -> tuple[RolloutState, RolloutState]:
-        """Add a header route (rollout.routes) with the next free id; audited as `route-add`.
+        """Add a header route (rollout.header_routes) with the next free id; audited as `route-add`.
         InvalidChange for a bad header, value or arm, a header value already routed, or a full
         table; RevisionConflict when the state moved on."""
         before = self.store.get()

@@ -12,7 +12,7 @@ and the time. `FlipCapture.records` decides, per flipped input, in this order:
    input (counted `redact_error`) and never breaks the shadow comparison;
 4. otherwise it is kept: `captured`.
 
-Storage (rollout.redis_telemetry, written through the telemetry sink, off the response path):
+Storage (rollout.telemetry.redis_store, written through the telemetry sink, off the response path):
 the stream `rollout:<app>:flips` (Keys.flips), one entry per flip, bounded three ways: XADD
 with `MAXLEN ~ max` (Redis trims whole nodes, so the stream holds about `max` entries, never
 more than `max` plus one node of 100), XTRIM `MINID` at the oldest entry still within `ttl_s`
@@ -216,7 +216,7 @@ class FlipCapture:
 
 
 class MemoryFlips:
-    """In-memory twin of the flip stream (rollout.redis_telemetry): the same writes and reads,
+    """In-memory twin of the flip stream (rollout.telemetry.redis_store): the same writes and reads,
     the bounds applied exactly."""
 
     def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """The kill switch over a bare Redis connection: `rollout kill` / `unkill` without the full stack.
 
 `QuickSwitch.kill` and `.unkill` are `rollout.control.Rollout.kill` and `.unkill` (same checks,
-same retries, same errors) on a `rollout.resp` connection, and write exactly what
+same retries, same errors) on a `rollout.resp_client` connection, and write exactly what
 `RedisStateStore.compare_and_set` writes: the same script (rollout.redis_layout.CAS) checks the
 revision, stores the state and its history, appends the audit entry and notifies the gateways
 in one atomic step. The difference is the start-up: no pydantic and no redis-py, so a whole
@@ -24,7 +24,7 @@ from rollout.clock import Clock, SystemClock
 from rollout.errors import InvalidChange, RevisionConflict
 from rollout.redis_conn import Acknowledgement
 from rollout.redis_layout import CAS, Keys
-from rollout.resp import Connection
+from rollout.resp_client import Connection
 from rollout.share import BUCKETS
 
 KILL_ATTEMPTS = 20  # as Rollout.kill: the kill switch retries through concurrent writes
@@ -47,7 +47,7 @@ class SwitchState:
     updated_at: float = 0.0
     updated_by: str = ""
     reason: str = ""
-    routes: tuple = ()  # header routes (rollout.routes) as stored: kept as they are, unread
+    routes: tuple = ()  # header routes (rollout.header_routes) as stored: kept as they are, unread
 
     @property
     def effective_bp(self) -> int:

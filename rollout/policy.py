@@ -21,7 +21,8 @@ Precedence of one decision, first that applies wins (`decide`):
 1. kill switch on -> baseline (nothing beats it: no route, no override);
 2. stale state -> baseline (fail-safe);
 3. the operator override (`X-Canary-Arm-Override`, only when the gateway authorised it);
-4. the first header route, in id order, whose header carries one of its values (rollout.routes);
+4. the first header route, in id order, whose header carries one of its values
+   (rollout.header_routes);
 5. the hashed share above, version binding included.
 
 Steps 3 and 4 look only at the request's headers, never at its bucket, so for a request that
@@ -36,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rollout.routes import OVERRIDE_HEADER, first_match
+from rollout.header_routes import OVERRIDE_HEADER, first_match
 from rollout.state import BUCKETS, RolloutState
 
 

@@ -17,8 +17,8 @@ Two kinds of URL (the settings' `REDIS_URL`, `CANARY_CONTROL_REDIS_URL`, a `--re
 A malformed sentinel URL raises ValueError saying what is wrong (no service, a bad port, a bad
 db), never echoing the password: `redact_url` is how any URL reaches a message or a log.
 
-Standard library only at import: the settings and the CLI's kill fast path (rollout.resp) parse
-URLs here without importing redis-py; `open_client` imports it when it builds a client.
+Standard library only at import: the settings and the CLI's kill fast path (rollout.resp_client)
+parse URLs here without importing redis-py; `open_client` imports it when it builds a client.
 
 Durable writes (`Acknowledgement`): after a share change, a kill, an audit entry or a ramp write,
 `WAIT <replicas> <timeout_ms>` on the same connection returns how many replicas have it; fewer
@@ -41,7 +41,8 @@ DEFAULT_SENTINEL_PORT = 26379
 TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
                "ssl_check_hostname")
 _SERVICE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-FALSE_WORDS = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool (rollout.resp reads it too)
+# redis-py's to_bool (rollout.resp_client reads it too)
+FALSE_WORDS = ("0", "F", "FALSE", "N", "NO")
 
 
 @dataclass(frozen=True)

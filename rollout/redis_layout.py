@@ -16,8 +16,8 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `notify:cursor`     string: the last audit entry id the notifier has finished with
 - `notify:sent:<sha>` string (expires): one (event id, URL) claimed for delivery (deduplication)
 - `telemetry:targets` hash: gateway replica id -> its metrics endpoint (JSON: address, labels,
-             expiry), for Prometheus service discovery (serve.metrics_targets); the other
-             `telemetry:` keys are rollout.windows' and rollout.traces'
+             expiry), for Prometheus service discovery (serve.telemetry.metrics_targets); the other
+             `telemetry:` keys are rollout.telemetry.windows' and rollout.telemetry.traces'
 
 Plain Python, no Redis client: rollout.redis_store runs these scripts through redis-py, and the
 CLI's kill switch (rollout.killswitch) through a bare connection, so both write alike.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rollout.routes import Route, check_routes
+from rollout.header_routes import Route, check_routes
 from rollout.share import BUCKETS, format_bp, parse_percent
 
 __all__ = ["BUCKETS", "AuditEntry", "DeploymentReport", "RolloutState", "format_bp",
@@ -29,7 +29,7 @@ class RolloutState(BaseModel):
     updated_by: str = ""
     reason: str = ""
     routes: tuple[Route, ...] = Field(
-        (), description="header routes (rollout.routes), in id order; they beat the share")
+        (), description="header routes (rollout.header_routes), in id order; they beat the share")
 
     @field_validator("routes", mode="before")
     @classmethod

@@ -28,7 +28,7 @@ from rollout.redis_layout import Keys
 from rollout.shadow import ShadowStats
 from rollout.state import DeploymentReport, RolloutState
 from rollout.store import StateStore
-from rollout.windows import ArmStats, HashSource, Windows
+from rollout.telemetry.windows import ArmStats, HashSource, Windows
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What a model replica answers for one request (serve.model), typed as it crosses the Ray call
-to the gateway (Ray pickles it) and as the gateway, its telemetry (serve.observe) and its shadow
-comparisons (serve.shadow) read it. Frozen: a step that needs another value makes a copy
+to the gateway (Ray pickles it) and as the gateway, its telemetry (serve.telemetry.observe) and its
+shadow comparisons (serve.shadow) read it. Frozen: a step that needs another value makes a copy
 (`ModelAnswer.in_call`), none changes the answer another step reads.
 
 The gateway's response carries `arm`, `model_version` and `outputs` as they are here; the

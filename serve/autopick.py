@@ -85,7 +85,7 @@ class Hardware:
     """What decides which recipes apply and how fast they run."""
 
     device: str  # "cpu" or "cuda"
-    bf16: bool  # CPU: native bf16 matmuls (serve.plan.bf16_native); CUDA: bf16 supported
+    bf16: bool  # CPU: native bf16 matmuls (serve.layer_plan.bf16_native); CUDA: bf16 supported
     flags: tuple[str, ...] = ()  # CPU: the CPU_FLAGS /proc/cpuinfo lists
     name: str = ""  # CUDA: the device's name
     capability: tuple[int, int] | None = None  # CUDA: compute capability
@@ -123,7 +123,7 @@ def detect_hardware(device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> Hardw
         return Hardware("cuda", bool(torch.cuda.is_bf16_supported()),
                         name=torch.cuda.get_device_name(),
                         capability=tuple(torch.cuda.get_device_capability()))
-    from serve.plan import bf16_native
+    from serve.layer_plan import bf16_native
 
     return Hardware("cpu", bf16_native(), read_cpu_flags(cpuinfo))
 

@@ -9,10 +9,11 @@ respond with `X-Request-ID`, `X-Canary-Arm` (the arm that answered) and `Server-
 For a share of answered requests the other arm is then also asked, off the response path, and
 the two answers compared (serve.shadow).
 
-Telemetry (serve.observe) follows the request: a span per step in one trace that the model
+Telemetry (serve.telemetry.observe) follows the request: a span per step in one trace that the model
 replica joins, per-arm metrics (for Prometheus on the replica's own port, listed by
-`GET /v1/metrics/targets`: serve.metrics_targets; and on `GET /metrics`), a Redis window record and
-one JSON log line. It never decides anything: with telemetry off the request path is the same.
+`GET /v1/metrics/targets`: serve.telemetry.metrics_targets; and on `GET /metrics`), a Redis window
+record and one JSON log line. It never decides anything: with telemetry off the request path is the
+same.
 """
 
 import asyncio
@@ -81,16 +82,7 @@ from serve.ingress import (
     TOO_LARGE,
     receive_body,
 )
-from serve.metrics_targets import (
-    RedisTargetBook,
-    ReplicaEndpoint,
-    TargetGroup,
-    TargetsUnavailable,
-    read_discovery,
-    replica_identity,
-)
 from serve.notify import RedisLedger, StoreOutageNotifier
-from serve.observe import Observation, Observer
 from serve.override import override_allowed
 from serve.preprocess import Preprocessor
 from serve.schemas import (
@@ -108,7 +100,16 @@ from serve.schemas import (
     request_id_from,
 )
 from serve.shadow import Shadow
-from serve.telemetry import Telemetry
+from serve.telemetry.metrics_targets import (
+    RedisTargetBook,
+    ReplicaEndpoint,
+    TargetGroup,
+    TargetsUnavailable,
+    read_discovery,
+    replica_identity,
+)
+from serve.telemetry.observe import Observation, Observer
+from serve.telemetry.otel import Telemetry
 from serve.variants import Encoded, check_labels
 from serve.webhooks import sender_from
 
@@ -231,7 +232,8 @@ class Gateway(DashboardRoutes):
         self.replica, node_ip = replica_identity()
         self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True,
                                    instance=self.replica)
-        # this replica's own metrics port, registered for Prometheus (serve.metrics_targets)
+        # this replica's own metrics port, registered for Prometheus
+        # (serve.telemetry.metrics_targets)
         self.targets = RedisTargetBook(settings.redis_url, settings.app_name,
                                        timeout_s=settings.redis_timeout_s,
                                        key_ttl_s=2 * settings.metrics_target_ttl_s)

@@ -6,7 +6,7 @@ queue into `@serve.batch`, which merges up to `max_batch_size` requests or waits
 next requests overlaps the forward) -> postprocess back on the event loop. Every response says
 how long each stage took, how large its batch was and how many requests were queued ahead of it
 (`queue`: requests waiting in this replica for a batch when it joined). Given the caller's trace
-carrier, the replica records its spans into that trace afterwards (serve.tracing).
+carrier, the replica records its spans into that trace afterwards (serve.telemetry.tracing).
 `predict_many` takes the requests a gateway sent together (serve.coalesce) down the same path,
 each on its own.
 """
@@ -31,11 +31,11 @@ from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.autopick import describe
 from serve.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.coalesce import CallFailed
-from serve.compute import ComputeFollower
 from serve.cputime import ForwardClock, burn_cpu, shares
-from serve.memory import Trimmer, release_free_memory
-from serve.telemetry import Telemetry
-from serve.tracing import Marks, WallClock, record_model_spans
+from serve.memory_trim import Trimmer, release_free_memory
+from serve.telemetry.otel import Telemetry
+from serve.telemetry.tracing import Marks, WallClock, record_model_spans
+from serve.thread_share import ComputeFollower
 from serve.variants import Encoded, Variant
 
 
@@ -149,7 +149,8 @@ class ModelServer:
         self._s_per_token = 0.0  # seconds per token of the last forward
         self._batches = 0
         self.expired = 0  # requests dropped because their deadline passed before the forward
-        self.trimmer = Trimmer()  # free memory goes back to the OS after a burst (serve.memory)
+        # free memory goes back to the OS after a burst (serve.memory_trim)
+        self.trimmer = Trimmer()
         self.telemetry = Telemetry(settings, "canary-model")
         self.reconfigure({})
         self.threads = torch.get_num_threads()
@@ -162,7 +163,7 @@ class ModelServer:
             self.compute.start()
 
     def _threads_wanted(self, threads: int) -> None:
-        """serve.compute asks for another thread count: applied in the forward thread, between
+        """serve.thread_share asks for another thread count: applied in the forward thread, between
         batches (torch's count is per thread; a runtime session is rebuilt with it there)."""
         self._forward_pool.submit(self._set_threads, threads)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from pydantic import SecretStr
 
+from rollout.header_routes import OVERRIDE_HEADER
 from rollout.policy import override_arm
-from rollout.routes import OVERRIDE_HEADER
 from serve.errors import InvalidOverride, OverrideNotAllowed
 
 

@@ -11,7 +11,7 @@ stay fp32, is searched on the set's calibration split, like `onnx-int8`:
    `int8_target_agreement` top-1 agreement with fp32 and no confident flip (baseline margin
    at least `verify_min_margin`) is kept.
 2. **Layers.** When none reaches it, the alpha that agreed most is kept and the torch Linear
-   layers are ranked by int8 sensitivity (serve.plan.sensitivity); a binary search finds the
+   layers are ranked by int8 sensitivity (serve.layer_plan.sensitivity); a binary search finds the
    fewest most-sensitive layers to keep in fp32 that reach the target (keeping all is fp32).
 
 Calibration statistics come from `CALIBRATION_ROWS` inputs of the split, padded as the server
@@ -257,10 +257,10 @@ def _quiet_nncf():
 
 
 def _ranked(variant, texts: list[str], layers: set[str]) -> list[str]:
-    """The graph's torch Linear layers, most int8-sensitive first (serve.plan.sensitivity on a
+    """The graph's torch Linear layers, most int8-sensitive first (serve.layer_plan.sensitivity on a
     sample of the calibration split)."""
+    from serve.layer_plan import sensitivity
     from serve.onnxrt.build import SENSITIVITY_SAMPLE
-    from serve.plan import sensitivity
 
     sample = texts[::max(1, len(texts) // SENSITIVITY_SAMPLE)]
     errors = sensitivity(variant.model, lambda model, batch: variant.rows(batch, model=model),

@@ -9,8 +9,8 @@
 - `fp16-graphs`: CUDA only: fp16; batches of up to 16 rows replayed as CUDA graphs
   (serve.graphs);
 - `compiled`: fp32 under `torch.compile` (inductor); compiles on first use of each shape;
-- `accuracy-aware`: a per-layer plan (serve.plan): the layers a calibration run found sensitive
-  stay in high precision, the rest become int8.
+- `accuracy-aware`: a per-layer plan (serve.layer_plan): the layers a calibration run found
+  sensitive stay in high precision, the rest become int8.
 
 Every recipe takes the fp32 model and returns the model to run; the caller keeps the fp32 model
 only as long as it needs it (e.g. to embed the label descriptions once, in full precision).

@@ -15,7 +15,7 @@ ops.make_regression_set`). Its inputs fall in three splits by index, so that not
 on the inputs it was tuned or chosen on:
 
 - *calibration* (every 4th input: 0, 4, 8, ...): what a calibrated recipe tunes on (SmoothQuant
-  alpha, the layers kept in fp32, any search: serve.ovint8, serve.onnxrt, serve.plan);
+  alpha, the layers kept in fp32, any search: serve.ovint8, serve.onnxrt, serve.layer_plan);
 - *validation* (every 8th from 1: 1, 9, 17, ...): what `auto` chooses a recipe on
   (serve.autopick), inputs no recipe tuned on;
 - *held-out* (the rest, 5 of every 8): what `rollout verify` gates on, inputs neither tuning nor

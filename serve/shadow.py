@@ -57,8 +57,8 @@ from rollout.settings import Settings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
 from rollout.slices import HeaderValues, slices_of, tokens_per_input
 from serve.answer import ModelAnswer
-from serve.observe import call_outcome
-from serve.telemetry import Telemetry
+from serve.telemetry.observe import call_outcome
+from serve.telemetry.otel import Telemetry
 
 log = logging.getLogger("canary.shadow")
 
@@ -92,8 +92,8 @@ class ShadowMetrics:
 
 
 def _outcome(exc: BaseException) -> str:
-    """A failed shadow call's outcome: a model call's (serve.observe), or `mismatch` when the
-    two answers could not be compared."""
+    """A failed shadow call's outcome: a model call's (serve.telemetry.observe), or `mismatch` when
+    the two answers could not be compared."""
     return "mismatch" if isinstance(exc, ShadowMismatch) else call_outcome(exc)
 
 

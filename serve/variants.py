@@ -6,7 +6,7 @@ defaulting to `model_path`, itself defaulting to the packaged all-MiniLM-L6-v2) 
 arm's `optimized_recipe`: int8 dynamic quantization, bf16, fp16, a CPU inference runtime
 (serve.onnxrt, serve.ct2), the one `auto` measured fastest among those that pass the gate on
 this host against fp32 of the *same* weights (serve.autopick), or one named explicitly, e.g.
-`accuracy-aware` with its per-layer plan (serve.plan). A variant's version is a hash of the
+`accuracy-aware` with its per-layer plan (serve.layer_plan). A variant's version is a hash of the
 weight files, the recipe and the plan, so the same weights under a different recipe or plan, or
 new weights under the same recipe, are different versions (`v2 / int8` against `v1 / bf16`).
 
@@ -149,7 +149,7 @@ def variant_version(weights: str, recipe: str, plan: dict | None = None,
     the runtime's (an ONNX artifact's runtime version, weight type and fp32 nodes)."""
     key = f"{weights}:{recipe}"
     if plan is not None:
-        from serve.plan import plan_digest
+        from serve.layer_plan import plan_digest
 
         key += f":{plan_digest(plan)}"
     if decision is not None:
@@ -168,7 +168,7 @@ def versions(settings: Settings) -> dict[str, str]:
         weights = weights_digest(path)
         recipe = recipe_for(arm, settings, device)
         if recipe == "accuracy-aware":
-            from serve.plan import find_plan
+            from serve.layer_plan import find_plan
 
             key = aware_plan_key(settings, weights, path, arm_labels(settings, path))
             plan = find_plan(key, _plan_dir(settings))
@@ -189,7 +189,7 @@ def versions(settings: Settings) -> dict[str, str]:
 
 def aware_plan_key(settings: Settings, weights: str, path: Path,
                    labels: tuple[str, ...]) -> str:
-    from serve.plan import plan_key, resolve_high_precision
+    from serve.layer_plan import plan_key, resolve_high_precision
     from serve.regression import load_set
 
     regression = load_set(settings.regression_set)
@@ -334,7 +334,7 @@ class Variant:
 
     def _plan(self, weights: str, path: Path, progress) -> dict:
         """The cached plan for these weights and settings, computed and stored when missing."""
-        from serve.plan import find_plan, resolve_high_precision, search_plan, store_plan
+        from serve.layer_plan import find_plan, resolve_high_precision, search_plan, store_plan
         from serve.regression import load_set
 
         key = aware_plan_key(self.settings, weights, path, self.labels)

@@ -12,7 +12,7 @@ from rollout.ramp import (
     parse_plan,
 )
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
-from rollout.windows import ArmStats, MemoryHashes, Windows
+from rollout.telemetry.windows import ArmStats, MemoryHashes, Windows
 
 BASELINE, OPTIMIZED = "fp32-aaaa", "bf16-bbbb"
 

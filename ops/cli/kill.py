@@ -4,8 +4,8 @@ An operator pulling a canary back waits for Python to start and import, not for 
 path imports pydantic, pydantic-settings and redis-py (which pulls in asyncio and OpenTelemetry's
 SDK) before its one write, about 0.35 s on a quiet 2-core machine and seconds on a loaded one.
 The fast path (`quick`) runs the same two handlers on rollout.killswitch.QuickSwitch over a
-rollout.resp connection: the same checks, the same compare-and-set script and audit entry, the
-same output, with the standard library only.
+rollout.resp_client connection: the same checks, the same compare-and-set script and audit entry,
+the same output, with the standard library only.
 
 It only ever succeeds. It steps aside (returns None), and the full path runs from the start with
 its own parsing, settings, messages and exit codes, whenever:
@@ -16,7 +16,7 @@ its own parsing, settings, messages and exit codes, whenever:
   CANARY_REDIS_WAIT_TIMEOUT_MS, CANARY_KILL_RETRY_S): the full path validates every setting,
   and a bad one is a usage error (exit 2) that never reaches Redis;
 - a setting it reads is not one it reads exactly as Settings does, or the Redis URL has an
-  option rollout.resp does not implement;
+  option rollout.resp_client does not implement;
 - anything fails (Redis unreachable or refusing, a conflict, a stored state it does not
   recognise), or `unkill` needs a confirmation.
 
@@ -45,7 +45,7 @@ from typing import IO
 from ops.cli.args import PROG, UsageError, build_parser
 from ops.cli.context import Ask, ChangeContext
 from ops.cli.errors import exit_for
-from rollout import resp
+from rollout import resp_client
 from rollout.errors import NotAcknowledged, StoreUnavailable
 from rollout.killswitch import QuickSwitch
 from rollout.redis_conn import acknowledgement_for, is_sentinel
@@ -226,12 +226,12 @@ def _run_quick(args, target: Target) -> _QuickContext:
     ack = acknowledgement_for(target.redis_url, target.wait_replicas, target.wait_timeout_ms)
 
     def attempt() -> _QuickContext:
-        with resp.connect(target.redis_url, target.timeout_s) as conn:
+        with resp_client.connect(target.redis_url, target.timeout_s) as conn:
             ctx = _QuickContext(args, QuickSwitch(conn, target.app, ack=ack, ack_until=deadline))
             _HANDLERS[args.command](ctx)
         return ctx
 
-    return _retrying(attempt, deadline, resp.retryable)
+    return _retrying(attempt, deadline, resp_client.retryable)
 
 
 def quick(argv=None, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None,

@@ -1,4 +1,5 @@
-"""`rollout route add|list|remove`: header routes that beat the hashed share (rollout.routes).
+"""`rollout route add|list|remove`: header routes that beat the hashed share
+(rollout.header_routes).
 
 A route is part of the rollout state, so adding or removing one is an audited compare-and-set
 (`route-add` / `route-remove`) that every gateway applies within milliseconds, like a share

@@ -10,7 +10,7 @@ from ops.cli.slices import status_slice_lines
 from rollout import ArmStats, ShadowStats, TraceSummary
 from rollout.efficiency import Speedup
 from rollout.slices import DEFAULT_MIN_PAIRS
-from rollout.traces import roots
+from rollout.telemetry.traces import roots
 
 ARM_HEADERS = ("ARM", "REQ/S", "SUCCESS", "ERRORS", "TIMEOUTS", "RETRIES", "P50 MS", "P99 MS",
                "QUEUE", "BATCH", "COMPUTE MS", "CPU S/1K", "COST/1K")

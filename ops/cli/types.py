@@ -126,8 +126,8 @@ def rate_range(text: str) -> tuple[float, float]:
 
 def header_route(text: str) -> tuple[str, tuple[str, ...]]:
     """--header NAME=VALUE[,VALUE...], checked as the state will check it."""
-    from rollout.errors import InvalidChange  # light; rollout.routes imports pydantic
-    from rollout.routes import MAX_VALUES, header_problem, parse_header, value_problem
+    from rollout.errors import InvalidChange  # light; rollout.header_routes imports pydantic
+    from rollout.header_routes import MAX_VALUES, header_problem, parse_header, value_problem
 
     try:
         name, values = parse_header(text)

@@ -23,7 +23,7 @@ import time
 
 from ops.cli.types import bounded_int, percent, positive_float, seconds
 from ops.drill.client import DrillError, Target
-from ops.drill.control import Cli, canary_at, kill_restored
+from ops.drill.goals import Goal, Report, median
 from ops.drill.load import (
     LoopLag,
     Sender,
@@ -34,6 +34,7 @@ from ops.drill.load import (
     make_texts,
 )
 from ops.drill.memory import replica_rss, watch_rss
+from ops.drill.operator_side import Cli, canary_at, kill_restored
 from ops.drill.overload import (
     add_measure_arguments,
     client_figures,
@@ -42,7 +43,6 @@ from ops.drill.overload import (
     measure,
     phase_figures,
 )
-from ops.drill.report import Goal, Report, median
 
 NAME = "burst"
 HELP = "200 clients of 32 long texts at canary 50 %%: goodput, recovery, replica memory, kill time"

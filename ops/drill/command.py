@@ -33,14 +33,14 @@ import sys
 import httpx
 
 from ops.cli.types import niceness
-from ops.drill import burst, headers, kill, overload, slow
+from ops.drill import burst, headers, kill_latency, overload, slow
 from ops.drill.client import DrillError, Target
+from ops.drill.goals import Report, format_report, summary_table
 from ops.drill.load import Niceness, apply_niceness, operator_thread, start_operator_thread
-from ops.drill.report import Report, format_report, summary_table
 
 PROG = "python -m ops.drill"
 DEFAULT_URL = "http://127.0.0.1:8000"
-SCENARIOS = {m.NAME: m for m in (slow, overload, burst, kill, headers)}
+SCENARIOS = {m.NAME: m for m in (slow, overload, burst, kill_latency, headers)}
 _FMT = argparse.RawDescriptionHelpFormatter
 
 

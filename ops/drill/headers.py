@@ -12,7 +12,7 @@ import asyncio
 import uuid
 
 from ops.drill.client import Target, raw_predict, request_id_problems
-from ops.drill.report import Goal, Report
+from ops.drill.goals import Goal, Report
 
 NAME = "request-id"
 HELP = "malformed X-Request-ID values: exactly one id comes back, never the raw value"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ops.drill.report import pct
+from ops.drill.goals import pct
 
 ANSWERED = ("200", "503", "504")  # what an overloaded gateway may answer
 WORDS = (

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from ops.cli.types import bounded_int, client_counts, factors, positive_float, seconds
 from ops.drill.client import DrillError, Target
+from ops.drill.goals import Goal, Report, ratio, share
 from ops.drill.load import (
     LoopLag,
     Offered,
@@ -36,7 +37,6 @@ from ops.drill.load import (
     small_probe,
     summarize,
 )
-from ops.drill.report import Goal, Report, ratio, share
 
 NAME = "overload"
 HELP = "open-loop load at 2x, 5x, 10x measured capacity: goodput, p99, nothing lost, recovery"

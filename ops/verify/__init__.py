@@ -2,7 +2,7 @@
 
 `verify` is the command (ops.verify.command: judge, store, print, exit code); the measurement
 itself, with torch and transformers, is ops.verify.runner, imported only when the command runs;
-ops.verify.format is its report. Importing this package imports no torch.
+ops.verify.report is its report. Importing this package imports no torch.
 """
 
 from ops.verify.command import verify

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ops.cli.args import UsageError, default_actor
-from ops.verify.format import document, human
+from ops.verify.report import document, human
 from rollout import Settings, StoreUnavailable, Verdict, judge_summary, thresholds_from
 from rollout.verdict import Thresholds, judge_slices, worst_slice
 from serve.regression import RegressionSetError

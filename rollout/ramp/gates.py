@@ -31,7 +31,7 @@ from rollout.agreement import CS_ALPHA, agreement_cs
 from rollout.efficiency import Z_GATE, speedup
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.plan import Gates, RampPlan
-from rollout.windows import ArmStats
+from rollout.telemetry.windows import ArmStats
 
 
 class _Planned(Protocol):

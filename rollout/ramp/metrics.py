@@ -1,7 +1,7 @@
 """Where a ramp's gates read their numbers: a narrow protocol, and its adapter over the windows.
 
-`arm(arm, last_s)` is `rollout.windows.Windows.arm`; `agreement(last_s)` answers the online
-(shadow) comparison as counts, (pairs, agreed), from which the state machine computes its
+`arm(arm, last_s)` is `rollout.telemetry.windows.Windows.arm`; `agreement(last_s)` answers the
+online (shadow) comparison as counts, (pairs, agreed), from which the state machine computes its
 anytime-valid bound (rollout.agreement.agreement_cs), and `confident(last_s, min_margin)` the
 shadow pairs at a baseline margin >= `min_margin` as (pairs, flips), and `slices(last_s)` the
 shadow pairs per slice (rollout.slices) as slice -> (pairs, agreed). `horizon_s` is the longest
@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rollout.agreement import CONFIDENT_MARGIN
 from rollout.shadow import ShadowStats, aggregate_shadow, shadow_key
-from rollout.windows import ArmStats, Windows
+from rollout.telemetry.windows import ArmStats, Windows
 
 DEFAULT_HORIZON_S = 3_600  # the default of CANARY_TELEMETRY_WINDOW_TTL_S
 
@@ -46,7 +46,7 @@ class WindowsMetrics:
     at every evaluation. So the seconds that ended more than `settle_s` ago (the sinks flush
     within a few seconds) are kept in memory once read, and only the newer ones are read again;
     the shadow gates of one evaluation (same second, same span) share one read. As with
-    rollout.series, an increment that lands later than `settle_s` is missed, never counted
+    rollout.telemetry.series, an increment that lands later than `settle_s` is missed, never counted
     twice. Used by one controller thread."""
 
     def __init__(self, windows: Windows, horizon_s: int = DEFAULT_HORIZON_S,

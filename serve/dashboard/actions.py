@@ -1,5 +1,5 @@
 """What an operator may do from the dashboard: move the share, kill, unkill, add and remove
-header routes (rollout.routes).
+header routes (rollout.header_routes).
 
 Safe by the same rules as the `rollout` CLI, through the same audited path
 (`rollout.control.Rollout`):

@@ -4,7 +4,7 @@ Every read is blocking Redis I/O: the routes run them in a worker thread, never 
 loop that serves predictions. Many viewers polling at once cost one read per interval: results
 are kept for a short TTL and a read in progress is shared (one lock per kind of read, so a
 second viewer waits for the first one's answer instead of reading again). The hour-long series
-reads only the steps that are still open (rollout.series.StepCache).
+reads only the steps that are still open (rollout.telemetry.series.StepCache).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from rollout import PermissionDenied, Settings, StateStore, StoreUnavailable, Traces, Windows
 from rollout.clock import Clock, SystemClock
-from rollout.series import StepCache, check_span
 from rollout.status import read_status
+from rollout.telemetry.series import StepCache, check_span
 from serve.dashboard.errors import ControlUnavailable, InvalidInput, NotFound
 
 STATUS_WINDOW_S = 60  # the per-arm table, as `rollout status`

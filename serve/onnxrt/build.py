@@ -101,7 +101,7 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
 def _torch_sensitivity(variant, graph: Path, texts: list[str]) -> dict[str, float]:
     """Each mappable node's int8 error, from one fp32 torch pass over the sensitivity sample
     (serve.onnxrt.calibrate, step 1)."""
-    from serve.plan import sensitivity
+    from serve.layer_plan import sensitivity
     from serve.recipes import linear_names
 
     mapping = node_layers(quantizable(graph), linear_names(variant.model))

@@ -1,11 +1,11 @@
-"""Which MatMuls of the fused graph run in int8: a calibration search, like serve.plan's.
+"""Which MatMuls of the fused graph run in int8: a calibration search, like serve.layer_plan's.
 
 Algorithm (deterministic for given weights, calibration split and settings):
 
 1. **Sensitivity.** Each quantizable node (the fused attention's QKV projection, the attention
    output, the FFN's two MatMuls) gets an error on a sample of the calibration split: where the
    node maps to torch Linear layers (`node_layers`), one fp32 torch pass measures each layer's
-   int8 output error against its fp32 output (serve.plan.sensitivity; a fused attention sums
+   int8 output error against its fp32 output (serve.layer_plan.sensitivity; a fused attention sums
    its query, key and value); a node that maps to none is measured in ONNX Runtime, as the
    relative squared error of the model's output rows with only that node in int8. The torch
    pass takes seconds where a graph per node takes minutes; its ranking only orders the

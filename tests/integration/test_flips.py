@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ops import cli
 from rollout.flips import FlipItem, FlipRecord
 from rollout.redis_layout import Keys
-from rollout.redis_telemetry import RedisTelemetry
+from rollout.telemetry.redis_store import RedisTelemetry
 from serve.regression import load_set
 
 pytestmark = pytest.mark.integration

@@ -372,7 +372,7 @@ def _threads_become(expected: dict[str, int], timeout: float = 15.0) -> dict[str
 
 
 def test_model_threads_follow_the_share_and_the_kill_switch(gw):
-    """serve.compute in the real app: each model replica watches the rollout state."""
+    """serve.thread_share in the real app: each model replica watches the rollout state."""
     import os
 
     cores = os.cpu_count()

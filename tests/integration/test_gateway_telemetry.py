@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops import cli
-from rollout.windows import telemetry_prefix
+from rollout.telemetry.windows import telemetry_prefix
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from rollout import RolloutState, Settings, StateView, decide
 from serve.answer import BatchShape, ModelAnswer, StageTiming
-from serve.observe import Observer
-from serve.telemetry import Telemetry
-from serve.tracing import Marks, WallClock, record_model_spans
+from serve.telemetry.observe import Observer
+from serve.telemetry.otel import Telemetry
+from serve.telemetry.tracing import Marks, WallClock, record_model_spans
 from tests.servers import free_port
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve.metrics_targets import RedisTargetBook, Target, live_targets
 from serve.ray_env import free_port
+from serve.telemetry.metrics_targets import RedisTargetBook, Target, live_targets
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import redis
 
 from rollout import DeploymentReport, PermissionDenied, Rollout, StoreUnavailable, Traces
 from rollout.redis_store import RedisStateStore
-from rollout.redis_telemetry import RedisTelemetry
+from rollout.telemetry.redis_store import RedisTelemetry
 from tests.servers import ACL_PASSWORDS
 
 pytestmark = pytest.mark.integration

@@ -40,7 +40,7 @@ from rollout.idempotency import IdempotencyRecord, RedisIdempotencyStore
 from rollout.ramp.redis_store import RedisRampStore
 from rollout.redis_conn import Acknowledgement
 from rollout.redis_store import RedisStateStore
-from rollout.redis_telemetry import RedisTelemetry
+from rollout.telemetry.redis_store import RedisTelemetry
 from serve.ray_env import free_port
 from tests.integration.test_cli_redis import ROLLOUT, one_error_line
 from tests.integration.test_kill_redis import HEAVY, run

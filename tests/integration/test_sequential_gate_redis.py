@@ -10,9 +10,9 @@ import uuid
 import pytest
 
 from rollout.ramp import WindowsMetrics
-from rollout.redis_telemetry import RedisTelemetry
 from rollout.shadow import PairOutcome, ShadowItem, shadow_fields
-from rollout.windows import Windows
+from rollout.telemetry.redis_store import RedisTelemetry
+from rollout.telemetry.windows import Windows
 from tests.ramp_harness import PLAN, Harness, ScriptedMetrics
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from rollout import Attempt, FakeClock, RequestRecord, Settings, Traces, Windows, open_telemetry
-from rollout.redis_telemetry import RedisTelemetry, WindowItem
 from rollout.shadow import PairOutcome, ShadowItem, shadow_fields, shadow_key
-from rollout.traces import index_key
-from serve.telemetry import Telemetry
+from rollout.telemetry.redis_store import RedisTelemetry, WindowItem
+from rollout.telemetry.traces import index_key
+from serve.telemetry.otel import Telemetry
 
 pytestmark = pytest.mark.integration
 

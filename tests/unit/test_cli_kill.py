@@ -1,7 +1,7 @@
 """The kill switch's fast path, piece by piece, held to the full path it stands in for: the state
 document (rollout.killswitch), the settings (ops.cli.kill.target_from), the Redis URL
-(rollout.resp.parse_url) and when it steps aside. No Redis (tests/integration/test_kill_redis.py
-runs it against one)."""
+(rollout.resp_client.parse_url) and when it steps aside. No Redis
+(tests/integration/test_kill_redis.py runs it against one)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ops.cli.kill import DEFAULT_APP, DEFAULT_REDIS_URL, DEFAULT_TIMEOUT_S, Targ
 from rollout import RolloutState, Settings
 from rollout.control import big_move as rollout_big_move
 from rollout.killswitch import SwitchState, Unrecognised
-from rollout.resp import Address, Unsupported, parse_url
+from rollout.resp_client import Address, Unsupported, parse_url
 from rollout.share import big_move
 from tests.servers import free_port
 
@@ -223,7 +223,7 @@ def test_an_unreachable_redis_is_reported_by_the_full_path(monkeypatch):
 
 
 def test_the_cli_and_the_kill_switch_import_neither_pydantic_nor_redis_py():
-    code = ("import sys; import ops.cli, rollout.killswitch, rollout.resp, rollout.share; "
+    code = ("import sys; import ops.cli, rollout.killswitch, rollout.resp_client, rollout.share; "
             "heavy = {'pydantic', 'pydantic_settings', 'redis', 'opentelemetry', 'asyncio', "
             "'yaml', 'numpy', 'torch', 'ray', 'httpx'}; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))")

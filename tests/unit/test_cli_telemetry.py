@@ -11,7 +11,7 @@ from ops import cli
 from rollout import Attempt, FakeClock, MemoryStateStore, MemoryTelemetry, RequestRecord
 from rollout.agreement import wilson_interval
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
-from rollout.windows import merge_fields
+from rollout.telemetry.windows import merge_fields
 
 NOW = 1_700_000_000.0
 T0 = NOW - 5
@@ -155,7 +155,8 @@ def test_the_cli_and_the_rollout_package_import_no_ray_torch_or_http():
 
     code = (
         "import sys, io; from ops import cli; from rollout import MemoryStateStore, "
-        "MemoryTelemetry; import rollout.redis_telemetry, rollout.sink, rollout.windows; "
+        "MemoryTelemetry; import rollout.telemetry.redis_store, rollout.telemetry.sink, "
+        "rollout.telemetry.windows; "
         "cli.main(['status'], store=MemoryStateStore(), telemetry=MemoryTelemetry(), "
         "stdout=io.StringIO()); "
         "heavy = {'ray', 'torch', 'transformers', 'fastapi', 'starlette', 'httpx', 'aiohttp'}; "

@@ -17,7 +17,7 @@ import pytest
 
 from ops.cli.types import client_counts, factors, niceness, percent, seconds
 from ops.drill import command as drill
-from ops.drill import control as drill_control
+from ops.drill import operator_side as drill_control
 from ops.drill.client import (
     DrillError,
     SlowResult,
@@ -28,6 +28,7 @@ from ops.drill.client import (
     request_id_problems,
     slow_upload,
 )
+from ops.drill.goals import Goal, Report, format_report, median, pct, ratio, share, summary_table
 from ops.drill.headers import cases
 from ops.drill.load import (
     BadResponse,
@@ -50,7 +51,6 @@ from ops.drill.load import (
     summarize,
 )
 from ops.drill.memory import growth_pct, watch_rss
-from ops.drill.report import Goal, Report, format_report, median, pct, ratio, share, summary_table
 
 
 class FakeClock:

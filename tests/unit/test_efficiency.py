@@ -1,7 +1,7 @@
 """Realized efficiency on live traffic (issue 25, item 3): the cost per input and the realized
 speedup with its interval (rollout.efficiency), the counters a request adds to the windows
-(rollout.window_fields) and reads back (rollout.window_stats), a replica's measurement
-(serve.cputime) and the `realized_speedup` ramp gate. Seeded, no Redis, no Ray."""
+(rollout.telemetry.window_fields) and reads back (rollout.telemetry.window_stats), a replica's
+measurement (serve.cputime) and the `realized_speedup` ramp gate. Seeded, no Redis, no Ray."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from rollout.efficiency import (
 )
 from rollout.ramp import PlanError, parse_plan
 from rollout.ramp.gates import GATES_BY_NAME, judge_gates
-from rollout.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
-from rollout.windows import aggregate as aggregate_arm
+from rollout.telemetry.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
+from rollout.telemetry.windows import aggregate as aggregate_arm
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.cputime import ForwardClock, burn_cpu, shares
-from serve.observe import attempt_from
+from serve.telemetry.observe import attempt_from
 from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, stats
 
 

@@ -357,7 +357,7 @@ def test_rollout_status_shows_the_webhook_counters_and_warns(store):
     import io
 
     from ops.cli.commands import run
-    from rollout.windows import MemoryHashes
+    from rollout.telemetry.windows import MemoryHashes
 
     hashes, clock = MemoryHashes(), FakeClock(10_000.0)
     hashes.data["rollout:default:webhooks"] = {

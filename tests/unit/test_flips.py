@@ -31,7 +31,7 @@ from rollout.shadow import ShadowItem, aggregate_shadow
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.regression import load_set
 from serve.shadow import Shadow
-from serve.telemetry import Telemetry
+from serve.telemetry.otel import Telemetry
 
 NOW = 1_700_000_000.0
 LABELS = ("sports", "politics", "health")

@@ -111,7 +111,7 @@ def test_the_cycle_finder_finds_one():
 
 def test_the_graph_sees_function_level_and_package_imports():
     graph = import_graph()
-    assert "rollout.windows" in graph["rollout.status"]
+    assert "rollout.telemetry.windows" in graph["rollout.status"]
     assert "rollout.redis_store" in graph["rollout"]  # imported inside open_store
     assert "ops.cli.commands" in graph["ops.cli"]  # imported inside main
 

@@ -1,5 +1,5 @@
-"""Per-replica metrics endpoints and their service discovery (serve.metrics_targets), on the
-in-memory book and a fake clock; the endpoint's HTTP server is real (loopback). The Grafana
+"""Per-replica metrics endpoints and their service discovery (serve.telemetry.metrics_targets), on
+the in-memory book and a fake clock; the endpoint's HTTP server is real (loopback). The Grafana
 dashboard's queries are checked to add replicas up by arm. Redis and Prometheus themselves:
 tests/integration/test_prometheus.py."""
 
@@ -19,7 +19,7 @@ from rollout import Settings
 from rollout.clock import FakeClock
 from rollout.errors import StoreUnavailable
 from rollout.redis_layout import Keys
-from serve.metrics_targets import (
+from serve.telemetry.metrics_targets import (
     MemoryTargetBook,
     MetricsServer,
     ReplicaEndpoint,
@@ -207,7 +207,7 @@ def test_ipv6_hosts_are_bracketed_and_the_key_is_under_telemetry():
 
 
 def test_the_registry_carries_the_replica_as_service_instance_id():
-    from serve.telemetry import Telemetry
+    from serve.telemetry.otel import Telemetry
 
     telemetry = Telemetry(Settings(telemetry_redis=False), "canary-gateway", prometheus=True,
                           instance="abc123", environ={})

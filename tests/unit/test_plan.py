@@ -9,7 +9,7 @@ import torch
 
 from rollout import Settings
 from rollout.agreement import wilson_interval
-from serve.plan import describe, plan_digest
+from serve.layer_plan import describe, plan_digest
 from serve.recipes import Int8Linear, linear_names
 from serve.regression import DEFAULT_SET, load_set
 from serve.variants import Variant, variant_version, versions

@@ -9,7 +9,7 @@ import pytest
 from rollout import FakeClock, InvalidChange
 from rollout.ramp import PlanError, WindowsMetrics, load_plan, read_plan
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
-from rollout.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
+from rollout.telemetry.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ from rollout.redis_conn import (
     redact_url,
     wrote_first,
 )
-from rollout.resp import NoPrimary, ReplyError, connect, retryable
+from rollout.resp_client import NoPrimary, ReplyError, connect, retryable
 from serve.dashboard.errors import dashboard_error
 
 SECRET = "p4ss/w@rd?"
@@ -276,7 +276,7 @@ def test_a_setting_out_of_bounds_is_left_to_the_full_path(name, value):
 
 
 def test_a_malformed_sentinel_url_sends_the_fast_path_aside():
-    from rollout.resp import Unsupported
+    from rollout.resp_client import Unsupported
 
     with pytest.raises(Unsupported):
         connect("redis+sentinel://h:1", 0.2)

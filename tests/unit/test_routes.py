@@ -1,6 +1,6 @@
-"""Header routes (rollout.routes): the Route model's checks, adding and removing routes through
-the audited path on the in-memory store, what the kill switch's fast path does with them, and
-the gateway's override authorisation (serve.override). No Redis, no Ray."""
+"""Header routes (rollout.header_routes): the Route model's checks, adding and removing routes
+through the audited path on the in-memory store, what the kill switch's fast path does with them,
+and the gateway's override authorisation (serve.override). No Redis, no Ray."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from rollout import (
     RolloutState,
     Route,
 )
+from rollout.header_routes import MAX_ROUTES, MAX_VALUES, parse_header
 from rollout.killswitch import SwitchState
-from rollout.routes import MAX_ROUTES, MAX_VALUES, parse_header
 from serve.errors import InvalidOverride, OverrideNotAllowed
 from serve.override import override_allowed
 

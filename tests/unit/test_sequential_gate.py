@@ -14,7 +14,7 @@ from ops.gate_sim import Scenario, new_gate, pairs_to_pass, pass_rate, simulate_
 from rollout.agreement import agreement_cs
 from rollout.ramp import PlanError, WindowsMetrics, parse_plan
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields
-from rollout.windows import MemoryHashes, Windows
+from rollout.telemetry.windows import MemoryHashes, Windows
 from tests.ramp_harness import PLAN, Harness, ShadowFedMetrics
 
 # The example plan's agreement gate (ops/plans/example-ramp.yaml): 0.98 from 100 pairs; a

@@ -1,4 +1,5 @@
-"""Per-arm step series (rollout.series) and the shared status document (rollout.status)."""
+"""Per-arm step series (rollout.telemetry.series) and the shared status document
+(rollout.status)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from rollout import (
     StoreUnavailable,
     Windows,
 )
-from rollout.series import StepCache, check_span, step_starts
 from rollout.status import read_status
-from rollout.windows import MemoryHashes, merge_fields
+from rollout.telemetry.series import StepCache, check_span, step_starts
+from rollout.telemetry.windows import MemoryHashes, merge_fields
 
 APP = "unit"
 START = 1_700_000_040.0  # a multiple of 60

@@ -22,7 +22,7 @@ from rollout.shadow import (
     shadow_fields,
     shadow_key,
 )
-from rollout.windows import MemoryHashes
+from rollout.telemetry.windows import MemoryHashes
 
 APP = "shadow-unit"
 START = 1_700_000_000.0

@@ -17,7 +17,7 @@ from rollout.shadow import ShadowItem, aggregate_shadow
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.errors import ModelFailed, ModelTimeout
 from serve.shadow import Shadow
-from serve.telemetry import Telemetry
+from serve.telemetry.otel import Telemetry
 
 LABELS = ("sports", "politics")
 

@@ -1,4 +1,4 @@
-"""The telemetry sink (rollout.sink): bounded, batched, never failing its caller."""
+"""The telemetry sink (rollout.telemetry.sink): bounded, batched, never failing its caller."""
 
 from __future__ import annotations
 

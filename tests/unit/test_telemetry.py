@@ -13,12 +13,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rollout import FakeClock, RolloutState, Settings, StateView, decide
-from rollout.redis_telemetry import WindowItem
+from rollout.telemetry.redis_store import WindowItem
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.errors import ModelFailed, ModelTimeout
-from serve.observe import NULL_OBSERVATION, Observer
-from serve.telemetry import Telemetry, otlp_endpoints
-from serve.tracing import Marks, WallClock, record_model_spans
+from serve.telemetry.observe import NULL_OBSERVATION, Observer
+from serve.telemetry.otel import Telemetry, otlp_endpoints
+from serve.telemetry.tracing import Marks, WallClock, record_model_spans
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"

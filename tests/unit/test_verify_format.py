@@ -1,4 +1,4 @@
-"""The `rollout verify` report (ops.verify.format) on a crafted comparison: confident flips are
+"""The `rollout verify` report (ops.verify.report) on a crafted comparison: confident flips are
 shown with their inputs apart from near ties, with the accuracy drop, both speed figures and
 the thresholds applied (no model, no torch)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ops.verify.format import document, human
+from ops.verify.report import document, human
 from rollout import Thresholds, Verdict, judge_summary
 from rollout.agreement import Pair, summarize
 from rollout.slices import slice_table

@@ -1,11 +1,11 @@
-"""Per-arm windows (rollout.windows): what a request adds, and what a window says."""
+"""Per-arm windows (rollout.telemetry.windows): what a request adds, and what a window says."""
 
 from __future__ import annotations
 
 import pytest
 
 from rollout import Attempt, FakeClock, RequestRecord, Windows
-from rollout.windows import (
+from rollout.telemetry.windows import (
     MemoryHashes,
     bucket_midpoint,
     latency_bucket,

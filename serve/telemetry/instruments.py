@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from rollout.windows import RequestRecord
+from rollout.telemetry.windows import RequestRecord
 
 LATENCY_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000, 10000)
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

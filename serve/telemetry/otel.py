@@ -3,7 +3,7 @@
 Where telemetry goes, decided once when the process starts:
 
 - **embedded** (`CANARY_TELEMETRY_REDIS`, on by default): spans and per-arm windows go to Redis
-  through a bounded, batched `TelemetrySink` off the request path (rollout.redis_telemetry);
+  through a bounded, batched `TelemetrySink` off the request path (rollout.telemetry.redis_store);
   `rollout traces` and `rollout status` read them back.
 - **OTLP over HTTP**: traces when `OTEL_EXPORTER_OTLP_ENDPOINT` or
   `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, metrics when `OTEL_EXPORTER_OTLP_ENDPOINT` or
@@ -13,7 +13,7 @@ Where telemetry goes, decided once when the process starts:
   `OTEL_RESOURCE_ATTRIBUTES`).
 - **Prometheus** (gateway only): a reader with a registry of its own (`registry`), rendered by
   `prometheus_text()` for `GET /metrics` and served on the replica's own port for Prometheus'
-  service discovery (serve.metrics_targets).
+  service discovery (serve.telemetry.metrics_targets).
 
 `instance` names the process among its peers (the Serve replica id): it is the resource's
 `service.instance.id`, so OTLP metrics from several replicas stay apart in a collector as
@@ -44,7 +44,7 @@ from opentelemetry.trace import NoOpTracer, Tracer
 
 from rollout import open_telemetry
 from rollout.settings import Settings
-from rollout.sink import TelemetrySink
+from rollout.telemetry.sink import TelemetrySink
 
 SCOPE = "canary"
 
@@ -62,7 +62,7 @@ def otlp_endpoints(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def span_record(span: ReadableSpan, service: str) -> dict:
-    """A finished SDK span as a rollout.traces span record."""
+    """A finished SDK span as a rollout.telemetry.traces span record."""
     context, parent = span.context, span.parent
     return {
         "trace_id": format(context.trace_id, "032x"),

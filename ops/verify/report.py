@@ -93,7 +93,7 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         f"judged     {s.n} inputs, {SPLITS[report.split]}",
     ]
     if report.optimized.plan is not None:
-        from serve.plan import describe
+        from serve.layer_plan import describe
 
         lines.append(f"plan       {describe(report.optimized.plan)}")
     if (auto := _auto(report.optimized)) is not None:

@@ -1,5 +1,6 @@
 """The write side of the per-arm metric windows: where a second's counters live and what one
-request adds to them (rollout.windows reads them back, rollout.window_stats sums them).
+request adds to them (rollout.telemetry.windows reads them back, rollout.telemetry.window_stats
+sums them).
 
 Layout: one hash per arm per wall-clock second, `rollout:<app>:telemetry:win:<arm>:<second>`,
 whose fields are counters. Writers only ever add to them (HINCRBY / HINCRBYFLOAT), so any number

@@ -1,10 +1,10 @@
 """The embedded telemetry store in Redis: the sink's writer, and the readers' source.
 
 Writes (from the sink's thread, one pipeline per batch): per-arm window increments
-(rollout.windows), shadow agreement increments (rollout.shadow) and span records
-(rollout.traces), and captured flips (rollout.flips). Every key it writes expires, the trace
-index is trimmed to the newest `max_traces` and each trace to `MAX_SPANS` spans, the flip stream
-by length and age, so the telemetry in Redis stays bounded whatever the traffic.
+(rollout.telemetry.windows), shadow agreement increments (rollout.shadow) and span records
+(rollout.telemetry.traces), and captured flips (rollout.flips). Every key it writes expires, the
+trace index is trimmed to the newest `max_traces` and each trace to `MAX_SPANS` spans, the flip
+stream by length and age, so the telemetry in Redis stays bounded whatever the traffic.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
 from rollout.redis_store import UNAVAILABLE, unavailable
 from rollout.shadow import ShadowItem, merge_shadow
-from rollout.traces import SpanRecord, index_key, request_key, trace_key
-from rollout.windows import RequestRecord, merge_fields
+from rollout.telemetry.traces import SpanRecord, index_key, request_key, trace_key
+from rollout.telemetry.windows import RequestRecord, merge_fields
 
 MAX_SPANS = 256  # per trace
 
@@ -106,7 +106,7 @@ class RedisTelemetry:
                     pipe.set(request_key(self.app, request_id), trace_id, ex=self.trace_ttl_s)
         pipe.zremrangebyrank(index, 0, -(self.max_traces + 1))
 
-    # --- sources for rollout.windows.Windows and rollout.traces.Traces ----------------------
+    # --- sources for windows.Windows and traces.Traces (rollout.telemetry) -------------------
 
     def hashes(self, keys: list[str]) -> list[Mapping[str, str]]:
         pipe = self._client.pipeline(transaction=False)

@@ -3,10 +3,12 @@
 The windows are one Redis hash of counters per arm per second. Writing them and summing them are
 clock-free and live in their own modules, so that imports run one way:
 
-    rollout.window_fields   where a second's counters live, what one request adds (write side)
-    rollout.window_stats    what a run of seconds says about an arm: ArmStats (read side)
-    rollout.series          aligned steps of those seconds, for charts
-    rollout.windows         Windows: the last N seconds on the clock (this module)
+    window_fields   where a second's counters live, what one request adds (write side)
+    window_stats    what a run of seconds says about an arm: ArmStats (read side)
+    series          aligned steps of those seconds, for charts
+    windows         Windows: the last N seconds on the clock (this module)
+
+(each a module of rollout.telemetry)
 
 This module re-exports the names of the first two, which is where most callers take them from.
 """
@@ -14,9 +16,9 @@ This module re-exports the names of the first two, which is where most callers t
 from __future__ import annotations
 
 from rollout.clock import Clock, SystemClock
-from rollout.series import SeriesReading, StepCache, read_series
 from rollout.shadow import ShadowStats, aggregate_shadow, shadow_key
-from rollout.window_fields import (
+from rollout.telemetry.series import SeriesReading, StepCache, read_series
+from rollout.telemetry.window_fields import (
     OUTCOMES,
     STAGES,
     Attempt,
@@ -28,7 +30,7 @@ from rollout.window_fields import (
     telemetry_prefix,
     window_key,
 )
-from rollout.window_stats import ArmStats, HashSource, MemoryHashes, aggregate, percentile
+from rollout.telemetry.window_stats import ArmStats, HashSource, MemoryHashes, aggregate, percentile
 
 __all__ = [
     "OUTCOMES", "STAGES", "ArmStats", "Attempt", "HashSource", "MemoryHashes", "RequestRecord",
@@ -60,7 +62,7 @@ class Windows:
     def series(self, last_s: int = 3_600, step_s: int = 60,
                cache: StepCache | None = None) -> SeriesReading:
         """Both arms' statistics per `step_s` over the last `last_s` seconds, read in one round
-        trip (rollout.series: aligned steps; `cache` keeps the sealed ones)."""
+        trip (rollout.telemetry.series: aligned steps; `cache` keeps the sealed ones)."""
         return read_series(self.source, self.app, self.ARMS, self.clock.time(), last_s, step_s,
                            cache)
 

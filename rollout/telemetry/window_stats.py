@@ -1,8 +1,9 @@
 """The read side of the per-arm metric windows: what a run of one-second hashes (written as
-rollout.window_fields lays them out) says about an arm, and where the hashes are read from.
+rollout.telemetry.window_fields lays them out) says about an arm, and where the hashes are read
+from.
 
-No clock here: the caller says which seconds to sum (rollout.windows: the last N seconds;
-rollout.series: aligned steps). A percentile is reported as its latency bucket's geometric
+No clock here: the caller says which seconds to sum (rollout.telemetry.windows: the last N seconds;
+rollout.telemetry.series: aligned steps). A percentile is reported as its latency bucket's geometric
 midpoint: within ±4.5 % of the exact value, whatever the traffic.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollout.efficiency import CpuSums
-from rollout.window_fields import STAGES, bucket_midpoint
+from rollout.telemetry.window_fields import STAGES, bucket_midpoint
 
 
 @dataclass(frozen=True)

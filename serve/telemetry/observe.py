@@ -5,13 +5,13 @@
     │                    canary.effective_bp, canary.kill, canary.state_revision,
     │                    canary.state_stale, canary.reason
     ├── model.call       CLIENT span: canary.arm, canary.attempt (1), canary.outcome
-    │   └── model.predict ...   in the model replica (serve.tracing)
+    │   └── model.predict ...   in the model replica (serve.telemetry.tracing)
     └── model.call       the retry on baseline after a failed canary call (attempt 2)
 
 `finish()` ends the request span (status code, answering arm, fallback, error type), records
-the metrics (serve.metrics), offers the request to the Redis windows and writes the JSON log
-line; the last two go through sinks, off the request path. With telemetry off the gateway gets
-`NULL_OBSERVATION`, whose methods do nothing.
+the metrics (serve.telemetry.instruments), offers the request to the Redis windows and writes the
+JSON log line; the last two go through sinks, off the request path. With telemetry off the gateway
+gets `NULL_OBSERVATION`, whose methods do nothing.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollout.clock import Clock, SystemClock
 from rollout.policy import RoutingDecision
-from rollout.redis_telemetry import WindowItem
+from rollout.telemetry.redis_store import WindowItem
+from rollout.telemetry.windows import Attempt, RequestRecord
 from rollout.watcher import StateView
-from rollout.windows import Attempt, RequestRecord
 from serve.answer import ModelAnswer
 from serve.errors import ModelTimeout, Overloaded
-from serve.metrics import GatewayMetrics
-from serve.telemetry import Telemetry
-from serve.tracing import extract, inject
+from serve.telemetry.instruments import GatewayMetrics
+from serve.telemetry.otel import Telemetry
+from serve.telemetry.tracing import extract, inject
 
 log = logging.getLogger("canary.telemetry")
 

@@ -11,8 +11,8 @@ import asyncio
 
 from ops.cli.types import bounded_int
 from ops.drill.client import Target
-from ops.drill.control import Cli, kill_restored, time_kills
-from ops.drill.report import Goal, Report, median
+from ops.drill.goals import Goal, Report, median
+from ops.drill.operator_side import Cli, kill_restored, time_kills
 
 NAME = "kill"
 HELP = "time `rollout kill` on a quiet gateway (median of 5, unkill after each)"

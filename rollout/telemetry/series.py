@@ -1,5 +1,6 @@
-"""Per-arm time series for charts: the one-second windows (rollout.window_fields) summed into
-steps (rollout.window_stats); `Windows.series` (rollout.windows) reads them on its clock.
+"""Per-arm time series for charts: the one-second windows (rollout.telemetry.window_fields) summed
+into steps (rollout.telemetry.window_stats); `Windows.series` (rollout.telemetry.windows) reads
+them on its clock.
 
 Steps are aligned to multiples of `step_s` in epoch seconds, so a step means the same seconds on
 every read. Over the last `last_s` seconds the series holds every step that overlaps them, oldest
@@ -21,8 +22,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rollout.window_fields import window_key
-from rollout.window_stats import ArmStats, HashSource, aggregate
+from rollout.telemetry.window_fields import window_key
+from rollout.telemetry.window_stats import ArmStats, HashSource, aggregate
 
 MAX_POINTS = 1_000  # steps in one series
 MAX_SPAN_S = 86_400

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from rollout.windows import MemoryHashes, telemetry_prefix
+from rollout.telemetry.windows import MemoryHashes, telemetry_prefix
 
 SpanRecord = Mapping  # the dict described above
 
