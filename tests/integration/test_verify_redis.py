@@ -9,6 +9,7 @@ import pytest
 
 from ops import cli
 from rollout.redis_store import RedisStateStore
+from serve.regression import load_set
 from tests.tiny_model import make_tiny_encoder
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,9 @@ def test_verdict_is_stored_in_redis(redis_url, tiny, monkeypatch):
         verdict = store.get_verdict(doc["baseline_version"], doc["optimized_version"])
         assert verdict is not None
         assert verdict.passed == doc["passed"] == (code == 0)
-        assert verdict.agreement == doc["agreement"] and verdict.n == 12
+        held_out = len(load_set().limited(12).held_out())  # judged: the held-out split
+        assert verdict.agreement == doc["agreement"] and verdict.n == held_out == 7
+        assert verdict.split == "held-out" and verdict.thresholds is not None
         assert verdict.by == "ci" and verdict.recipe == "bf16"
         assert store.get_verdict(doc["optimized_version"], doc["baseline_version"]) is None
         raw = store._client.hgetall("rollout:verify-test:verdicts")
