@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -53,37 +54,50 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-async def run(args) -> dict:
-    statuses: Counter[str] = Counter()
-    latencies: list[float] = []
-    retry_after = 0
-    in_flight = 0
-    throttled = 0
-    memory: dict[str, list[float]] = {}
-    processes = serve_processes() if args.sample_memory else {}
+@dataclass
+class _Tally:
+    """What the load test counted so far."""
 
+    statuses: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)  # ms, of 200s
+    retry_after: int = 0  # 429/503 answers that carried Retry-After
+    in_flight: int = 0
+    throttled: int = 0  # times sending paused at --max-in-flight
+    memory: dict[str, list[float]] = field(default_factory=dict)  # process -> RSS MiB samples
+
+
+async def _one(client: httpx.AsyncClient, tally: _Tally, i: int) -> None:
+    """Send request `i` and count its answer (or its loss)."""
+    started = time.monotonic()
+    try:
+        response = await client.post(
+            "/v1/predict", json={"inputs": [f"load test input number {i}"]},
+            headers={"X-Routing-Key": f"load-{i}"},
+        )
+        code = response.status_code
+        tally.statuses[str(code)] += 1
+        if code in (429, 503) and "retry-after" in response.headers:
+            tally.retry_after += 1
+        if code == 200:
+            tally.latencies.append((time.monotonic() - started) * 1000)
+    except httpx.HTTPError as exc:
+        tally.statuses[f"lost:{type(exc).__name__}"] += 1
+    finally:
+        tally.in_flight -= 1
+
+
+def _sample_memory(processes: dict[int, str], tally: _Tally) -> None:
+    for pid, name in processes.items():
+        value = rss_mib(pid)
+        if value is not None:
+            tally.memory.setdefault(f"{name}[{pid}]", []).append(value)
+
+
+async def run(args) -> dict:
+    tally = _Tally()
+    processes = serve_processes() if args.sample_memory else {}
     limits = httpx.Limits(max_connections=args.max_in_flight, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as client:
-
-        async def one(i: int) -> None:
-            nonlocal in_flight, retry_after
-            started = time.monotonic()
-            try:
-                response = await client.post(
-                    "/v1/predict", json={"inputs": [f"load test input number {i}"]},
-                    headers={"X-Routing-Key": f"load-{i}"},
-                )
-                code = response.status_code
-                statuses[str(code)] += 1
-                if code in (429, 503) and "retry-after" in response.headers:
-                    retry_after += 1
-                if code == 200:
-                    latencies.append((time.monotonic() - started) * 1000)
-            except httpx.HTTPError as exc:
-                statuses[f"lost:{type(exc).__name__}"] += 1
-            finally:
-                in_flight -= 1
-
         tasks = []
         start = time.monotonic()
         interval = 1 / args.rate
@@ -93,25 +107,24 @@ async def run(args) -> dict:
             if now - start > args.duration:
                 break
             if processes and now >= next_memory:
-                for pid, name in processes.items():
-                    value = rss_mib(pid)
-                    if value is not None:
-                        memory.setdefault(f"{name}[{pid}]", []).append(value)
+                _sample_memory(processes, tally)
                 next_memory = now + args.memory_every
-            while in_flight >= args.max_in_flight:
-                throttled += 1
+            while tally.in_flight >= args.max_in_flight:
+                tally.throttled += 1
                 await asyncio.sleep(interval)
-            in_flight += 1
-            tasks.append(asyncio.create_task(one(i)))
+            tally.in_flight += 1
+            tasks.append(asyncio.create_task(_one(client, tally, i)))
             await asyncio.sleep(max(0.0, start + (i + 1) * interval - time.monotonic()))
         sent_for = time.monotonic() - start
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - start
+    return _report(args, tally, len(tasks), sent_for, elapsed)
 
-    sent = len(tasks)
+
+def _report(args, tally: _Tally, sent: int, sent_for: float, elapsed: float) -> dict:
+    statuses = tally.statuses
     answered = sum(n for code, n in statuses.items() if not code.startswith("lost"))
     ok = statuses.get("200", 0)
-    shed = sum(statuses.get(str(code), 0) for code in (429, 503))
     report = {
         "offered_rate": args.rate,
         "sent": sent,
@@ -120,8 +133,8 @@ async def run(args) -> dict:
         "answered": answered,
         "lost": sent - answered,
         "ok": ok,
-        "shed_429_503": shed,
-        "shed_with_retry_after": retry_after,
+        "shed_429_503": sum(statuses.get(str(code), 0) for code in (429, 503)),
+        "shed_with_retry_after": tally.retry_after,
         "timeouts_504": statuses.get("504", 0),
         "other": {
             c: n
@@ -130,15 +143,15 @@ async def run(args) -> dict:
         },
         "statuses": dict(statuses),
         "throughput_ok_per_s": round(ok / elapsed, 1) if elapsed else 0.0,
-        "p50_ms": round(percentile(latencies, 50), 1) if latencies else None,
-        "p99_ms": round(percentile(latencies, 99), 1) if latencies else None,
-        "client_throttled": throttled,
+        "p50_ms": round(percentile(tally.latencies, 50), 1) if tally.latencies else None,
+        "p99_ms": round(percentile(tally.latencies, 99), 1) if tally.latencies else None,
+        "client_throttled": tally.throttled,
     }
-    if memory:
+    if tally.memory:
         report["memory_mib"] = {
             name: {"first": round(v[0], 1), "last": round(v[-1], 1), "max": round(max(v), 1),
                    "growth": round(v[-1] - v[0], 1), "samples": len(v)}
-            for name, v in memory.items()
+            for name, v in tally.memory.items()
         }
     return report
 

@@ -174,6 +174,26 @@ def near_duplicates(rng: random.Random, base: str) -> list[str]:
     return [edit(base) for edit in rng.sample(edits, 3)]
 
 
+def unicode_text(rng: random.Random, labels: list[str]) -> str:
+    """A topical sentence strewn with emoji, framed by odd characters, or emoji alone."""
+    text = topical(rng, rng.choice(labels))
+    style = rng.randrange(3)
+    if style == 0:
+        return " ".join(w + (rng.choice(EMOJI) if rng.random() < 0.3 else "")
+                        for w in text.split())
+    if style == 1:
+        return f"{rng.choice(ODD)} {text} {rng.choice(ODD)}"
+    return "".join(rng.choice(EMOJI) for _ in range(rng.randint(1, 8)))
+
+
+def multilingual(rng: random.Random, labels: list[str]) -> str:
+    """Another language's sentence, alone or after an English one."""
+    foreign = rng.choice(FOREIGN[rng.choice(sorted(FOREIGN))])
+    if rng.random() < 0.4:
+        return foreign
+    return f"{topical(rng, rng.choice(labels))} {foreign}"
+
+
 def generate(seed: int = SEED) -> list[dict]:
     rng = random.Random(seed)
     labels = sorted(TOPICS)
@@ -195,25 +215,9 @@ def generate(seed: int = SEED) -> list[dict]:
     for _ in range(90):  # near the 256-token limit, on both sides
         add("near-limit", long_text(rng, rng.randint(170, 215)))
     for _ in range(160):  # unicode and emoji
-        label = rng.choice(labels)
-        text = topical(rng, label)
-        style = rng.randrange(3)
-        if style == 0:
-            text = " ".join(
-                w + (rng.choice(EMOJI) if rng.random() < 0.3 else "") for w in text.split()
-            )
-        elif style == 1:
-            text = f"{rng.choice(ODD)} {text} {rng.choice(ODD)}"
-        else:
-            text = "".join(rng.choice(EMOJI) for _ in range(rng.randint(1, 8)))
-        add("unicode", text)
+        add("unicode", unicode_text(rng, labels))
     for _ in range(160):  # other languages, alone and mixed with English
-        lang = rng.choice(sorted(FOREIGN))
-        foreign = rng.choice(FOREIGN[lang])
-        if rng.random() < 0.4:
-            add("multilingual", foreign)
-        else:
-            add("multilingual", f"{topical(rng, rng.choice(labels))} {foreign}")
+        add("multilingual", multilingual(rng, labels))
     for _ in range(120):  # code
         snippet = rng.choice(CODE)
         add("code", snippet if rng.random() < 0.5 else f"{topical(rng, 'technology')}\n{snippet}")

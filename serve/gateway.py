@@ -229,17 +229,7 @@ class Gateway(DashboardRoutes):
         self.serving = infos[1]["version"]
         self.preprocess = Preprocessor(settings, infos)  # tokenizes here when the models agree
         self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
-        self.replica, node_ip = replica_identity()
-        self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True,
-                                   instance=self.replica)
-        # this replica's own metrics port, registered for Prometheus
-        # (serve.telemetry.metrics_targets)
-        self.targets = RedisTargetBook(settings.redis_url, settings.app_name,
-                                       timeout_s=settings.redis_timeout_s,
-                                       key_ttl_s=2 * settings.metrics_target_ttl_s)
-        self.metrics_endpoint = ReplicaEndpoint.open(
-            settings, self.telemetry.registry, self.targets, replica=self.replica, node_ip=node_ip)
-        self.observer = Observer(self.telemetry)
+        self._open_telemetry(settings)
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings)
         self.admission = Admission(ceiling=settings.gateway_max_in_flight,
@@ -266,6 +256,19 @@ class Gateway(DashboardRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
+
+    def _open_telemetry(self, settings: Settings) -> None:
+        """Traces, metrics and logs (serve.telemetry), and this replica's own metrics port,
+        registered for Prometheus (serve.telemetry.metrics_targets)."""
+        self.replica, node_ip = replica_identity()
+        self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True,
+                                   instance=self.replica)
+        self.targets = RedisTargetBook(settings.redis_url, settings.app_name,
+                                       timeout_s=settings.redis_timeout_s,
+                                       key_ttl_s=2 * settings.metrics_target_ttl_s)
+        self.metrics_endpoint = ReplicaEndpoint.open(
+            settings, self.telemetry.registry, self.targets, replica=self.replica, node_ip=node_ip)
+        self.observer = Observer(self.telemetry)
 
     def _coalescers(self, settings: Settings) -> dict[Arm, Coalescer] | None:
         """Per arm, concurrent requests go as one model call (serve.coalesce), when enabled."""

@@ -124,6 +124,25 @@ _COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
+    common = _common_options()
+    parser = _Parser(prog=PROG, parents=[common], formatter_class=fmt, epilog=_MAIN_EPILOG,
+                     description="Look at and change the canary rollout of the model gateway.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = {}
+    for name, (short, description, epilog) in _COMMANDS.items():
+        sub[name] = commands.add_parser(name, help=short, description=description, epilog=epilog,
+                                        parents=[common], formatter_class=fmt)
+    _add_change_options(sub)
+    _add_verify_options(sub["verify"])
+    _add_read_options(sub)
+    ramp.add_parser(commands, common, text("reason"))
+    route.add_parser(commands, common, text("reason"))
+    flips.add_parser(commands, common, positive_int)
+    return parser
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command takes (before or after its name)."""
     common = _Parser(add_help=False)
     group = common.add_argument_group("global options")
     group.add_argument("--app", metavar="NAME", default=argparse.SUPPRESS,
@@ -134,14 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--actor", metavar="NAME", type=text("actor"), default=argparse.SUPPRESS,
                        help="who makes the change, for the audit log "
                             "(default: ROLLOUT_ACTOR, else user@host)")
+    return common
 
-    parser = _Parser(prog=PROG, parents=[common], formatter_class=fmt, epilog=_MAIN_EPILOG,
-                     description="Look at and change the canary rollout of the model gateway.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sub = {}
-    for name, (short, description, epilog) in _COMMANDS.items():
-        sub[name] = commands.add_parser(name, help=short, description=description, epilog=epilog,
-                                        parents=[common], formatter_class=fmt)
+
+def _add_change_options(sub: dict) -> None:
+    """The audited changes: canary, kill, unkill, revert."""
     sub["canary"].add_argument("percent", metavar="PCT", type=canary_percent,
                                help="new share in percent, 0-100, at most two decimals")
     sub["revert"].add_argument("revision", metavar="REVISION", type=positive_int,
@@ -154,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                                help="do not ask for confirmation of a big move")
     for name in ("status", "audit", "traces", "verify"):
         sub[name].add_argument("--json", action="store_true", help="print JSON")
-    verify = sub["verify"]
+
+
+def _add_verify_options(verify: argparse.ArgumentParser) -> None:
     verify.add_argument("--set", dest="set_path", metavar="PATH",
                         help="JSONL set to judge on (default: CANARY_REGRESSION_SET, else the "
                              "shipped set); calibration (ov-int8, onnx-int8, accuracy-aware, "
@@ -173,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "length-sorted batches (the gated speedup) and in set order")
     verify.add_argument("--no-store", action="store_true", help="do not store the verdict")
     verify.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _add_read_options(sub: dict) -> None:
+    """audit, status, traces."""
     sub["audit"].add_argument("--last", metavar="N", type=positive_int,
                               help="only the newest N entries")
     sub["status"].add_argument("--window", metavar="SECONDS", type=positive_int, default=60,
@@ -184,10 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show the trace of this request as a waterfall")
     which.add_argument("--trace-id", metavar="ID", type=text("trace id"),
                        help="show this trace as a waterfall")
-    ramp.add_parser(commands, common, text("reason"))
-    route.add_parser(commands, common, text("reason"))
-    flips.add_parser(commands, common, positive_int)
-    return parser
 
 
 def default_actor() -> str:

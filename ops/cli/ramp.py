@@ -103,7 +103,27 @@ def _status(ctx, view: RampView) -> int:
     if ramp is None:  # a state like any other, as `--json` says: not an error
         ctx.say("ramp             none: no ramp has been started (`rollout ramp start PLAN.yaml`)")
         return 0
-    plan, now = ramp.plan, view.now
+    rows = _status_rows(view)
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        ctx.say(f"{label:<{width}}  {value}")
+    last = view.last
+    if last and last.get("gates"):
+        for line in _gate_lines(last):
+            ctx.say(line)
+    if last and last.get("checks"):
+        ctx.say("checks:")
+        cells = [(c["name"], _num(c["value"]), c["threshold"], c["status"] +
+                  (f" ({one_line(c['note'])})" if c.get("note") else "")) for c in last["checks"]]
+        for line in table(("CHECK", "VALUE", "EXPECTED", "STATUS"), cells):
+            ctx.say("  " + line)
+    return 0
+
+
+def _status_rows(view: RampView) -> list[tuple[str, str]]:
+    """The labelled lines of `rollout ramp status`: the ramp, its plan, step and controller."""
+    ramp, now = view.ramp, view.now
+    plan = ramp.plan
     shares = " -> ".join(format_bp(bp) for bp in plan.shares_bp)
     rows = [
         ("ramp", ramp.status + (" (forced: no verdict needed)" if ramp.forced else "")
@@ -135,31 +155,21 @@ def _status(ctx, view: RampView) -> int:
                                         f"{one_line(last['reason'])}"))
     if view.held_since is not None:
         rows.append(_held_row(view))
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        ctx.say(f"{label:<{width}}  {value}")
-    if last and last.get("gates"):
-        from rollout.ramp.machine import SHADOW_GATES
+    return rows
 
-        shadow = any(g["name"] in SHADOW_GATES for g in last["gates"])
-        ctx.say(f"gates over the last {last.get('window_s')}s ({last.get('samples')} canary "
-                "samples" + ("; the shadow gates over the whole step" if shadow else "") + "):")
-        cells = [(g["name"], _num(g["value"]), _num(g["threshold"]), g["status"] +
-                  (f" ({g['note']})" if g.get("note") else "")) for g in last["gates"]]
-        for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells):
-            ctx.say("  " + line)
-        from ops.cli.slices import gate_slice_lines
 
-        for line in gate_slice_lines(next((g["rows"] for g in last["gates"] if g.get("rows")),
-                                          ())):
-            ctx.say(line)
-    if last and last.get("checks"):
-        ctx.say("checks:")
-        cells = [(c["name"], _num(c["value"]), c["threshold"], c["status"] +
-                  (f" ({one_line(c['note'])})" if c.get("note") else "")) for c in last["checks"]]
-        for line in table(("CHECK", "VALUE", "EXPECTED", "STATUS"), cells):
-            ctx.say("  " + line)
-    return 0
+def _gate_lines(last: dict) -> list[str]:
+    """The last evaluation's gates as a table, and the slice table of a slice gate."""
+    from ops.cli.slices import gate_slice_lines
+    from rollout.ramp.machine import SHADOW_GATES
+
+    shadow = any(g["name"] in SHADOW_GATES for g in last["gates"])
+    lines = [f"gates over the last {last.get('window_s')}s ({last.get('samples')} canary "
+             "samples" + ("; the shadow gates over the whole step" if shadow else "") + "):"]
+    cells = [(g["name"], _num(g["value"]), _num(g["threshold"]), g["status"] +
+              (f" ({g['note']})" if g.get("note") else "")) for g in last["gates"]]
+    lines += ["  " + line for line in table(("GATE", "VALUE", "THRESHOLD", "STATUS"), cells)]
+    return lines + gate_slice_lines(next((g["rows"] for g in last["gates"] if g.get("rows")), ()))
 
 
 def _deadline_text(plan) -> str:

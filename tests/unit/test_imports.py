@@ -1,5 +1,8 @@
-"""No import circles among the project's modules (rollout/, serve/, ops/).
+"""Structure checks over the project's modules (rollout/, serve/, ops/): no import circles, no
+import of another module's private name, few top-level entries in ops/, no function over 50
+lines.
 
+Import circles:
 Every `import` and `from ... import` is read with ast, at any depth (an import inside a function
 or under `if TYPE_CHECKING:` counts: it only hides the circle). A name imported from a package
 (`from rollout import Windows`) counts as an import of the module the package takes it from,
@@ -181,3 +184,30 @@ def test_ops_has_few_top_level_entries():
     entries = [p.name for p in (ROOT / "ops").iterdir()
                if p.name != "__pycache__" and not p.name.startswith(".")]
     assert len(entries) <= 21, sorted(entries)
+
+
+MAX_FUNCTION_LINES = 50  # issue 26: a function longer than this is split where it turns
+
+
+def long_functions(sources: dict[str, tuple[Path, ast.Module]],
+                   limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (method, nested function) of `sources` longer than `limit` lines,
+    decorators excluded, as 'module.name (N lines)'."""
+    found = []
+    for module, (_, tree) in sources.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{module}.{node.name} ({lines} lines)")
+    return found
+
+
+def test_the_long_function_finder_finds_one():
+    body = "\n".join(f"    x{i} = {i}" for i in range(51))
+    tree = ast.parse(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
+    assert long_functions({"m": (Path("m.py"), tree)}) == ["m.long (52 lines)"]
+
+
+def test_no_function_is_longer_than_fifty_lines():
+    assert long_functions(_sources()) == []
