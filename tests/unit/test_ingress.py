@@ -56,6 +56,27 @@ async def nothing(message):
     return None
 
 
+class Sent(list):
+    """A `send` that keeps every message; `headers(i)` reads message i's headers."""
+
+    async def __call__(self, message):
+        self.append(message)
+
+    def headers(self, i: int = 0) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self[i]["headers"]}
+
+
+def counted(body: bytes):
+    """A `receive` that gives `body` whole, counting its calls in `receive.reads`."""
+
+    async def receive():
+        receive.reads.append(1)
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    receive.reads = []
+    return receive
+
+
 def scope(method="POST", headers=()):
     return {"type": "http", "method": method, "path": "/v1/predict", "headers": list(headers)}
 
@@ -114,11 +135,8 @@ def test_past_the_upload_pool_a_request_is_handed_on_busy_without_reading():
         await asyncio.sleep(0.05)
         assert gate.uploading == 2
         busy = scope()
-        read = []
-
-        async def receive():
-            read.append(1)
-            return {"type": "http.request", "body": b"{}", "more_body": False}
+        receive = counted(b"{}")
+        read = receive.reads
 
         await gate(busy, receive, nothing)
         for task in slow:
@@ -191,22 +209,15 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
     shed: list[float] = []
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     ingress.configure(settings(), Saturated(True), shed.append)
-    app, sent = App(), []
-
-    async def send(message):
-        sent.append(message)
+    app, sent = App(), Sent()
 
     s = scope(headers=[(b"x-request-id", b"req-1")])
-    read = []
+    receive = counted(b'{"inputs": ["a"]}')
+    read = receive.reads
 
-    async def receive():
-        read.append(1)
-        return {"type": "http.request", "body": b'{"inputs": ["a"]}', "more_body": False}
-
-    asyncio.run(BodyGate(app)(s, receive, send))
+    asyncio.run(BodyGate(app)(s, receive, sent))
     assert app.calls == [] and read == []  # nobody saw it, its body was not read
-    start = sent[0]
-    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    start, headers = sent[0], sent.headers()
     assert start["status"] == 503 and headers["retry-after"] == "1"
     assert headers["x-request-id"] == "req-1" and headers["connection"] == "close"
     assert b'"type":"overloaded"' in sent[1]["body"]
@@ -214,10 +225,10 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
 
     other = scope()  # not saturated, or another path: handed on
     ingress.configure(settings(), Saturated(False), shed.append)
-    asyncio.run(BodyGate(app)(other, client(b"{}"), send))
+    asyncio.run(BodyGate(app)(other, client(b"{}"), sent))
     dashboard = {**scope(), "path": "/v1/dashboard/kill"}
     ingress.configure(settings(), Saturated(True), shed.append)
-    asyncio.run(BodyGate(app)(dashboard, client(b"{}"), send))
+    asyncio.run(BodyGate(app)(dashboard, client(b"{}"), sent))
     assert len(app.calls) == 2 and len(shed) == 1
 
 
@@ -237,13 +248,10 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     ingress.configure(settings(), Becomes(), lambda ms: None)
-    app, sent = App(), []
+    app, sent = App(), Sent()
 
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(BodyGate(app)(scope(), client(b"{}"), send))
-    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    asyncio.run(BodyGate(app)(scope(), client(b"{}"), sent))
+    headers = sent.headers()
     assert app.calls == [] and sent[0]["status"] == 503 and "connection" not in headers
 
 
@@ -253,24 +261,21 @@ def test_the_door_judges_the_requests_own_timeout_and_sends_its_retry_after(monk
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     door = Saturated(True, retry_after=3)
     ingress.configure(settings(), door, lambda ms: None)
-    app, sent = App(), []
-
-    async def send(message):
-        sent.append(message)
+    app, sent = App(), Sent()
 
     s = scope(headers=[(b"x-request-timeout-ms", b"250")])
-    asyncio.run(BodyGate(app)(s, client(b"{}"), send))
-    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    asyncio.run(BodyGate(app)(s, client(b"{}"), sent))
+    headers = sent.headers()
     assert door.asked == [0.25] and headers["retry-after"] == "3"
 
     # over the server's timeout: capped; malformed: left to the gateway (400), not shed here
     door.asked.clear()
     asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"99999999")]),
-                              client(b"{}"), send))
+                              client(b"{}"), sent))
     assert door.asked == [settings().request_timeout_s]
     door.asked.clear()
     asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"-5")]),
-                              client(b"{}"), send))
+                              client(b"{}"), sent))
     assert door.asked == [] and len(app.calls) == 1
 
 
@@ -313,24 +318,18 @@ def test_refused_on_arrival_a_small_body_is_read_so_the_connection_carries_the_n
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     ingress.configure(settings(), Saturated(True, retry_after=2), lambda ms: None)
-    app, sent = App(), []
-
-    async def send(message):
-        sent.append(message)
+    app, sent = App(), Sent()
 
     small = scope(headers=[(b"content-length", b"17")])
-    read = []
+    receive = counted(b'{"inputs": ["a"]}')
+    read = receive.reads
 
-    async def receive():
-        read.append(1)
-        return {"type": "http.request", "body": b'{"inputs": ["a"]}', "more_body": False}
-
-    asyncio.run(BodyGate(app)(small, receive, send))
-    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    asyncio.run(BodyGate(app)(small, receive, sent))
+    headers = sent.headers()
     assert app.calls == [] and read == [1] and sent[0]["status"] == 503
     assert "connection" not in headers and headers["retry-after"] == "2"
     sent.clear()
     large = scope(headers=[(b"content-length", str(ingress.SMALL_BODY + 1).encode())])
-    asyncio.run(BodyGate(app)(large, client(b"{}"), send))
-    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    asyncio.run(BodyGate(app)(large, client(b"{}"), sent))
+    headers = sent.headers()
     assert headers["connection"] == "close"
