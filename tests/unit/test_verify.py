@@ -179,10 +179,9 @@ def test_set_changes_what_is_judged_not_what_is_calibrated(env, tmp_path):
     assert seen == {"regression_set": str(path), "set_path": None}
 
 
-def flip_one_script(env, script: str) -> None:
-    """A fault-injected optimized arm: fp32, except that every input of `script` gets the
-    opposite embedding (its top-1 label becomes another)."""
-    from rollout.slices import script_of
+def flip_inputs(env, flipped) -> None:
+    """A fault-injected optimized arm: fp32, except that every input for which
+    `flipped(text)` holds gets the opposite embedding (its top-1 label becomes another)."""
     from serve.variants import Variant
 
     rows = Variant.rows
@@ -190,11 +189,18 @@ def flip_one_script(env, script: str) -> None:
     def faulty(self, texts, *args, **kwargs):
         out = rows(self, texts, *args, **kwargs)
         if self.arm == "optimized":
-            flip = torch.tensor([script_of(text) == script for text in texts])
+            flip = torch.tensor([flipped(text) for text in texts])
             out = torch.where(flip[:, None], -out, out)
         return out
 
     env.setattr(Variant, "rows", faulty)
+
+
+def flip_one_script(env, script: str) -> None:
+    """Every input of `script` flipped (rollout.slices.script_of)."""
+    from rollout.slices import script_of
+
+    flip_inputs(env, lambda text: script_of(text) == script)
 
 
 def test_a_variant_that_breaks_one_script_fails_on_its_slice_alone(env, tmp_path):
@@ -243,19 +249,8 @@ def test_a_slice_under_the_minimum_size_is_shown_not_judged(env, tmp_path):
 def test_the_configured_set_is_judged_on_its_held_out_split_only(env):
     """A candidate tuned to the calibration split (here: faithful exactly there, broken
     elsewhere) shows 100 % on the calibration split and is refused on the held-out split."""
-    from serve.variants import Variant
-
     calibration = {load_set().texts[i] for i in load_set().calibration()}
-    rows = Variant.rows
-
-    def overfit(self, texts, *args, **kwargs):
-        out = rows(self, texts, *args, **kwargs)
-        if self.arm == "optimized":
-            keep = torch.tensor([text in calibration for text in texts])
-            out = torch.where(keep[:, None], out, -out)
-        return out
-
-    env.setattr(Variant, "rows", overfit)
+    flip_inputs(env, lambda text: text not in calibration)  # faithful where it was tuned
     code, out, err, _ = verify("--recipe", "fp32", "--limit", "80", "--no-speed", "--json",
                                "--quiet")
     doc = json.loads(out)
