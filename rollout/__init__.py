@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from rollout.flips import FlipCapture, FlipRecord, MemoryFlips
     from rollout.header_routes import Route
     from rollout.policy import Arm, Reason, RoutingDecision, bucket_of, decide, effective_bp
-    from rollout.settings import Settings
+    from rollout.settings import Settings, StateSettings, TelemetrySettings
     from rollout.shadow import ShadowStats
     from rollout.share import BUCKETS, format_bp, parse_percent
     from rollout.state import AuditEntry, DeploymentReport, RolloutState
@@ -89,20 +89,22 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_WHERE})
 
 
-def open_store(settings: Settings) -> StateStore:
-    """The Redis store named by the settings (imported lazily: unit tests need no Redis client)."""
+def open_store(settings: StateSettings) -> StateStore:
+    """The Redis store named by the state settings (imported lazily: unit tests need no Redis
+    client)."""
     from rollout.redis_store import RedisStateStore
 
     return RedisStateStore(settings.redis_url, settings.app_name,
                            timeout_s=settings.redis_timeout_s, ack=settings.acknowledgement())
 
 
-def open_telemetry(settings: Settings):
-    """The Redis telemetry store named by the settings: the source of `Windows` and `Traces`."""
+def open_telemetry(state: StateSettings, telemetry: TelemetrySettings):
+    """The Redis telemetry store where `state` names Redis, sized by `telemetry`: the source of
+    `Windows` and `Traces`."""
     from rollout.telemetry.redis_store import RedisTelemetry
 
     return RedisTelemetry(
-        settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s,
-        max_traces=settings.telemetry_max_traces, trace_ttl_s=settings.telemetry_trace_ttl_s,
-        window_ttl_s=settings.telemetry_window_ttl_s,
+        state.redis_url, state.app_name, timeout_s=state.redis_timeout_s,
+        max_traces=telemetry.telemetry_max_traces, trace_ttl_s=telemetry.telemetry_trace_ttl_s,
+        window_ttl_s=telemetry.telemetry_window_ttl_s,
     )

@@ -155,14 +155,6 @@ class FlipCapture:
         self.max_len, self.ttl_s = max_len, ttl_s
         self.counts = dict.fromkeys(OUTCOMES, 0)
 
-    @classmethod
-    def from_settings(cls, settings) -> FlipCapture:
-        """From rollout.settings.Settings; resolves the redaction hook (FlipSettingError)."""
-        hook = settings.flip_redact
-        return cls(enabled=settings.flip_capture, max_chars=settings.flip_capture_max_chars,
-                   redact=load_redactor(hook) if settings.flip_capture and hook else None,
-                   max_len=settings.flip_capture_max, ttl_s=settings.flip_capture_ttl_s)
-
     def records(self, *, task: str, texts: Sequence[str], baseline: Sequence[Mapping],
                 optimized: Sequence[Mapping], agreed: Iterable[bool | None], ts: float,
                 request_id: str = "", baseline_version: str = "",

@@ -45,7 +45,7 @@ from rollout.agreement import CONFIDENT_MARGIN, Summary, wilson_interval
 from rollout.slices import SliceRow
 
 if TYPE_CHECKING:
-    from rollout.settings import Settings
+    from rollout.settings import VerifySettings
 
 
 class Thresholds(BaseModel):
@@ -62,7 +62,7 @@ class Thresholds(BaseModel):
     min_slice_size: int = Field(30, ge=1)  # inputs a slice needs to be judged
 
 
-def thresholds_from(settings: Settings) -> Thresholds:
+def thresholds_from(settings: VerifySettings) -> Thresholds:
     """The gate's thresholds from the settings `verify_*`."""
     return Thresholds(
         min_margin=settings.verify_min_margin,

@@ -60,7 +60,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.clock import Clock, SystemClock
-from rollout.settings import Settings
+from rollout.settings import ModelSettings, Settings
 from rollout.verdict import thresholds_from
 from serve._autopick_measure import Evidence, measure
 from serve.artifact import cache_root
@@ -248,13 +248,13 @@ def default_choice_dir() -> Path:
     return cache_root() / "auto"
 
 
-def choice_dir(settings: Settings) -> Path:
+def choice_dir(settings: ModelSettings) -> Path:
     if settings.auto_choice_dir:
         return Path(settings.auto_choice_dir).expanduser()
     return default_choice_dir()
 
 
-def _allowed(settings: Settings, hardware: Hardware) -> set[str]:
+def _allowed(settings: ModelSettings, hardware: Hardware) -> set[str]:
     """The recipes a choice for this host may name."""
     return {*candidates(hardware, hide_native_bf16=settings.hide_native_bf16),
             FALLBACK[hardware.device]}

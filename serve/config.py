@@ -20,12 +20,12 @@ from __future__ import annotations
 import ray
 from ray.serve import Application
 
-from rollout.flips import FlipCapture
 from rollout.settings import Settings
 from serve import ray_env
 from serve.controller import RampControllerDeployment
 from serve.gateway import Gateway
 from serve.model import ModelServer
+from serve.shadow import flip_capture
 
 
 def build(settings: Settings, live: dict[str, dict] | None = None) -> Application:
@@ -36,7 +36,7 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
     `{"optimized": {"fault_error": True}}` for a fault drill.
     """
     live = live or {}
-    FlipCapture.from_settings(settings)  # a CANARY_FLIP_REDACT that cannot be imported fails now
+    flip_capture(settings)  # a CANARY_FLIP_REDACT that cannot be imported fails now
     model = ModelServer.options(
         ray_actor_options={
             "num_cpus": settings.model_num_cpus,

@@ -31,10 +31,12 @@ from serve.regression import load_set
 @serve.deployment(name="ramp-controller", num_replicas=1, max_ongoing_requests=8)
 class RampControllerDeployment:
     def __init__(self, settings: Settings):
+        """The replica's composition root: `settings` holds every group (rollout.settings),
+        and each component is handed the groups its signature names."""
         control = settings.control_settings()
         self.states = open_store(control)
         self.ramps = open_ramp_store(control)
-        self.telemetry = open_telemetry(control)
+        self.telemetry = open_telemetry(control, settings)
         windows = Windows(self.telemetry, settings.app_name)
         metrics = WindowsMetrics(windows, settings.telemetry_window_ttl_s)  # the shadow horizon
         owner = f"{CONTROLLER}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -50,7 +52,8 @@ class RampControllerDeployment:
                                        name="ramp-controller", daemon=True)
         self.thread.start()
         self.notifications = start_notifications(  # serve.notify: audit -> webhooks
-            control, self.states, leader=lambda: self.ramps.holder() == owner, stop=self.stop)
+            control, settings, self.states, leader=lambda: self.ramps.holder() == owner,
+            stop=self.stop)
 
     def check_health(self) -> None:
         if not self.thread.is_alive():

@@ -44,6 +44,12 @@ from rollout import (
     open_store,
 )
 from rollout.budget import RetryBudget
+from rollout.settings import (
+    BatchingSettings,
+    ServingSettings,
+    StateSettings,
+    TelemetrySettings,
+)
 from serve import ingress, ray_env
 from serve.admission import TIMEOUT_HEADER, Admission, ShedSummary, Slot, requested_timeout_s
 from serve.answer import BatchShape, ModelAnswer
@@ -218,6 +224,8 @@ class Gateway(DashboardRoutes):
         self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings,
         ramp_controller: DeploymentHandle | None = None,
     ):
+        """The replica's composition root: `settings` holds every group (rollout.settings),
+        and each component is handed the groups its signature names."""
         self.settings = settings
         self.ramp_controller = ramp_controller  # bound here so the application includes it
         baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
@@ -227,19 +235,19 @@ class Gateway(DashboardRoutes):
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
         self.serving = infos[1]["version"]
-        self.preprocess = Preprocessor(settings, infos)  # tokenizes here when the models agree
+        self.preprocess = Preprocessor(settings, settings, infos)  # tokenizes here if models agree
         self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
-        self._open_telemetry(settings)
+        self._open_telemetry(settings, settings)
         self.store = open_store(settings)
-        self.idempotency = Idempotency(settings)
+        self.idempotency = Idempotency(settings, settings)
         self.admission = Admission(ceiling=settings.gateway_max_in_flight,
                                    batch_rows=settings.max_batch_size)
         self.shed_summary = ShedSummary(self.admission, log.warning)
         self._lag_task = asyncio.get_running_loop().create_task(self.admission.loop.run())
         # serve.ingress: the body deadline and limits, and shedding before Serve's handling
-        ingress.configure(settings, self.admission, self._shed_at_the_door)
+        ingress.configure(settings, settings, self.admission, self._shed_at_the_door)
         self.shadow = Shadow(settings, self._remote, self.telemetry)
-        self.coalescers = self._coalescers(settings)
+        self.coalescers = self._coalescers(settings, settings)
         self.retry_budget = RetryBudget(
             ratio=settings.retry_budget_ratio, min_per_s=settings.retry_budget_min_per_s
         )
@@ -257,27 +265,29 @@ class Gateway(DashboardRoutes):
         )
         self.watcher.start()
 
-    def _open_telemetry(self, settings: Settings) -> None:
+    def _open_telemetry(self, state: StateSettings, settings: TelemetrySettings) -> None:
         """Traces, metrics and logs (serve.telemetry), and this replica's own metrics port,
         registered for Prometheus (serve.telemetry.metrics_targets)."""
         self.replica, node_ip = replica_identity()
-        self.telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True,
-                                   instance=self.replica)
-        self.targets = RedisTargetBook(settings.redis_url, settings.app_name,
-                                       timeout_s=settings.redis_timeout_s,
+        self.telemetry = Telemetry(state, settings, "canary-gateway", prometheus=True,
+                                   request_log=True, instance=self.replica)
+        self.targets = RedisTargetBook(state.redis_url, state.app_name,
+                                       timeout_s=state.redis_timeout_s,
                                        key_ttl_s=2 * settings.metrics_target_ttl_s)
         self.metrics_endpoint = ReplicaEndpoint.open(
-            settings, self.telemetry.registry, self.targets, replica=self.replica, node_ip=node_ip)
+            state, settings, self.telemetry.registry, self.targets, replica=self.replica,
+            node_ip=node_ip)
         self.observer = Observer(self.telemetry)
 
-    def _coalescers(self, settings: Settings) -> dict[Arm, Coalescer] | None:
+    def _coalescers(self, serving: ServingSettings,
+                    batching: BatchingSettings) -> dict[Arm, Coalescer] | None:
         """Per arm, concurrent requests go as one model call (serve.coalesce), when enabled."""
-        if not settings.gateway_coalesce_calls:
+        if not serving.gateway_coalesce_calls:
             return None
         return {arm: Coalescer(functools.partial(self._send, arm),
-                               calls=settings.gateway_coalesce_calls,
-                               max_items=settings.max_batch_size,
-                               hold_s=settings.batch_wait_ms / 1000)
+                               calls=serving.gateway_coalesce_calls,
+                               max_items=batching.max_batch_size,
+                               hold_s=batching.batch_wait_ms / 1000)
                 for arm in self.handles}
 
     def _heartbeat(self) -> None:

@@ -16,8 +16,9 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from rollout import RolloutError, Settings
+from rollout import RolloutError
 from rollout.idempotency import IdempotencyRecord, RedisIdempotencyStore, fingerprint
+from rollout.settings import ServingSettings, StateSettings
 from serve.errors import InProgress, InvalidInput, KeyReused
 
 log = logging.getLogger("canary.gateway")
@@ -39,10 +40,11 @@ class Claim:
 
 
 class Idempotency:
-    def __init__(self, settings: Settings):
+    def __init__(self, state: StateSettings, serving: ServingSettings):
+        """Records kept in the Redis `state` names, for as long as `serving` says."""
         self.store = RedisIdempotencyStore(
-            settings.redis_url, settings.app_name, ttl_s=settings.idempotency_ttl_s,
-            pending_ttl_s=settings.request_timeout_s * 2, timeout_s=settings.redis_timeout_s,
+            state.redis_url, state.app_name, ttl_s=serving.idempotency_ttl_s,
+            pending_ttl_s=serving.request_timeout_s * 2, timeout_s=state.redis_timeout_s,
         )
 
     @staticmethod

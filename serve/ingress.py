@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from starlette.middleware import Middleware
 
-from rollout.settings import Settings
+from rollout.settings import AdmissionSettings, ServingSettings
 from serve.admission import TIMEOUT_HEADER, requested_timeout_s
 from serve.errors import Overloaded, error_response
 from serve.schemas import max_body_bytes, request_id_from
@@ -97,7 +97,8 @@ class Admission(Protocol):
 
 @dataclass
 class _Gateway:
-    settings: Settings | None = None
+    settings: AdmissionSettings | None = None
+    request_timeout_s: float = 0.0  # the server's request deadline (ServingSettings)
     admission: Admission | None = None
     on_shed: Callable[[float], None] | None = None  # latency in ms of a request shed here
 
@@ -106,30 +107,32 @@ _gateway = _Gateway()
 SHED_PATH = "/v1/predict"
 
 
-def configure(settings: Settings, admission: Admission | None = None,
+def configure(settings: AdmissionSettings, serving: ServingSettings,
+              admission: Admission | None = None,
               on_shed: Callable[[float], None] | None = None) -> None:
-    """The settings the gateway runs with and its admission, for the middleware in its process
-    (the gateway calls this at start; elsewhere, e.g. in Serve's proxy, the environment's
-    settings apply and nothing is shed here)."""
-    _gateway.settings, _gateway.admission, _gateway.on_shed = settings, admission, on_shed
+    """The admission settings the gateway runs with, its request deadline (`serving`) and its
+    admission, for the middleware in its process (the gateway calls this at start; elsewhere,
+    e.g. in Serve's proxy, the environment's settings apply and nothing is shed here)."""
+    _gateway.settings, _gateway.request_timeout_s = settings, serving.request_timeout_s
+    _gateway.admission, _gateway.on_shed = admission, on_shed
 
 
 @functools.cache
-def _from_environment() -> Settings:
-    return Settings()
+def _from_environment() -> AdmissionSettings:
+    return AdmissionSettings()
 
 
 class BodyGate:
     """ASGI middleware: see the module docstring. `settings`: fixed ones (tests); by default
     those given to `configure`, else the environment's."""
 
-    def __init__(self, app: ASGIApp, settings: Settings | None = None):
+    def __init__(self, app: ASGIApp, settings: AdmissionSettings | None = None):
         self.app = app
         self._settings = settings
         self.uploading = 0  # bodies being received now
 
     @property
-    def settings(self) -> Settings:
+    def settings(self) -> AdmissionSettings:
         return self._settings or _gateway.settings or _from_environment()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,7 +145,7 @@ class BodyGate:
             return
         started = time.perf_counter()
         settings = self.settings
-        retry_after = self._door(scope, settings)
+        retry_after = self._door(scope)
         if retry_after is not None and not _small_body(scope):
             # shed before reading a large body nobody will use: the connection cannot go on
             await self._shed(scope, receive, send, started, retry_after, close=True)
@@ -161,7 +164,7 @@ class BodyGate:
             await self.app(scope, _replay(body, receive), send)
             return
         if retry_after is None:
-            retry_after = self._door(scope, settings)
+            retry_after = self._door(scope)
         if retry_after is not None:  # its body read: the connection stays open for the next
             await self._shed(scope, receive, send, started, retry_after, close=False)
             return
@@ -188,7 +191,7 @@ class BodyGate:
     def _predicts(scope: Scope) -> bool:
         return scope.get("path") == SHED_PATH
 
-    def _door(self, scope: Scope, settings: Settings) -> int | None:
+    def _door(self, scope: Scope) -> int | None:
         """A Retry-After when the gateway's admission refuses this prediction request before
         its arm is known (serve.admission `door`), else None."""
         admission = _gateway.admission
@@ -197,7 +200,7 @@ class BodyGate:
         sent = [v for n, v in scope.get("headers") or [] if n == TIMEOUT_HEADER.encode()]
         try:
             timeout_s = requested_timeout_s(sent[0].decode("latin-1") if sent else None,
-                                            settings.request_timeout_s)
+                                            _gateway.request_timeout_s)
         except ValueError:  # the gateway answers 400 for it
             return None
         return admission.door(timeout_s)

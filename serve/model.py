@@ -25,7 +25,7 @@ import torch
 from ray import serve
 
 from rollout import open_store
-from rollout.settings import Settings
+from rollout.settings import ModelSettings, Settings
 from rollout.slices import script_of
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.autopick import describe
@@ -116,7 +116,7 @@ def rotate_script(outputs: list[dict], encoded: Encoded, tokenizer, script: str)
             for output, text in zip(outputs, texts, strict=True)]
 
 
-def startup_threads(settings: Settings) -> int:
+def startup_threads(settings: ModelSettings) -> int:
     """Torch threads while a replica builds its model (`auto` measuring its candidates, a
     calibrated recipe searching): every core, since no replica serves before its models are
     built, unless `CANARY_TORCH_THREADS` pins a count. Then the replica's share
@@ -128,6 +128,8 @@ def startup_threads(settings: Settings) -> int:
 @serve.deployment(name="model", health_check_period_s=10, health_check_timeout_s=30)
 class ModelServer:
     def __init__(self, settings: Settings, arm: str):
+        """The replica's composition root: `settings` holds every group (rollout.settings),
+        and each component is handed the groups its signature names."""
         share = settings.threads_per_model()
         torch.set_num_threads(startup_threads(settings))
         self.arm = arm
@@ -151,7 +153,7 @@ class ModelServer:
         self.expired = 0  # requests dropped because their deadline passed before the forward
         # free memory goes back to the OS after a burst (serve.memory_trim)
         self.trimmer = Trimmer()
-        self.telemetry = Telemetry(settings, "canary-model")
+        self.telemetry = Telemetry(settings, settings, "canary-model")
         self.reconfigure({})
         self.threads = torch.get_num_threads()
         self.compute = None

@@ -30,6 +30,7 @@ from rollout.events import event_from_audit, store_event
 from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
 from rollout.redis_store import call_redis
+from rollout.settings import StateSettings, WebhookSettings
 from rollout.store import StateStore
 from rollout.watcher import StateView
 from serve.webhooks import WebhookSender, sender_from
@@ -183,16 +184,16 @@ class Notifications:
         self.ledger.close()
 
 
-def start_notifications(settings, states: StateStore, *, leader: Callable[[], bool],
-                        stop: threading.Event, poll_s: float = 1.0) -> Notifications | None:
-    """Tail the audit stream into the configured webhooks; None when none is configured.
-    `settings`: the control settings (the `controller` Redis user)."""
-    ledger = RedisLedger(settings.redis_url, settings.app_name,
-                         timeout_s=settings.redis_timeout_s)
-    sender = sender_from(settings, ledger, name="webhooks")
+def start_notifications(control: StateSettings, webhooks: WebhookSettings, states: StateStore,
+                        *, leader: Callable[[], bool], stop: threading.Event,
+                        poll_s: float = 1.0) -> Notifications | None:
+    """Tail the audit stream into the webhooks `webhooks` configures; None when none is.
+    `control`: the control connection's state settings (the `controller` Redis user)."""
+    ledger = RedisLedger(control.redis_url, control.app_name, timeout_s=control.redis_timeout_s)
+    sender = sender_from(webhooks, ledger, name="webhooks")
     if sender is None:
         ledger.close()
         return None
     log.info("notifications to %d webhook URL(s)", len(sender.channels))
-    tailer = AuditTailer(states, ledger, sender, settings.app_name, leader=leader)
+    tailer = AuditTailer(states, ledger, sender, control.app_name, leader=leader)
     return Notifications(tailer, ledger, stop, poll_s)

@@ -28,7 +28,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from rollout.settings import Settings
+from rollout.settings import ModelSettings, ServingSettings
 from serve.variants import Encoded, encode_ids, load_tokenizer
 
 log = logging.getLogger("canary.gateway")
@@ -38,13 +38,14 @@ INLINE_CHARS = 2048  # requests up to this many characters are tokenized on the 
 class Preprocessor:
     """`encode(texts)`: the texts as `Encoded` token ids, or unchanged when disabled."""
 
-    def __init__(self, settings: Settings, model_infos: list[dict]):
+    def __init__(self, model: ModelSettings, serving: ServingSettings, model_infos: list[dict]):
+        """The models' tokenizer (`model`) on `serving`'s tokenize threads, when enabled."""
         self.enabled = False
         self._pool: ThreadPoolExecutor | None = None
-        threads = settings.gateway_tokenize_threads
+        threads = serving.gateway_tokenize_threads
         if threads == 0:
             return
-        self.tokenizer, self.max_tokens, digest = load_tokenizer(settings)
+        self.tokenizer, self.max_tokens, digest = load_tokenizer(model)
         reported = {info.get("tokenizer") for info in model_infos}
         if reported != {digest}:
             log.warning("the models tokenize differently from this gateway (%s vs %s): "

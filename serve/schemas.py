@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, WithJsonSchema
 
-from rollout.settings import Settings
+from rollout.settings import AdmissionSettings
 from serve.errors import InputTooLarge, InvalidInput
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
@@ -143,12 +143,12 @@ def request_id_from(header: str | None) -> str:
     return uuid.uuid4().hex
 
 
-def max_body_bytes(settings: Settings) -> int:
+def max_body_bytes(settings: AdmissionSettings) -> int:
     # Worst case JSON: every character escaped as \\uXXXX (6 bytes), plus framing per item.
     return settings.max_total_chars * 6 + settings.max_items * 16 + 4096
 
 
-def parse_predict(body: bytes, settings: Settings) -> PredictRequest:
+def parse_predict(body: bytes, settings: AdmissionSettings) -> PredictRequest:
     if len(body) > max_body_bytes(settings):
         raise InputTooLarge(f"request body of {len(body)} bytes is over the limit")
     try:

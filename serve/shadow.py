@@ -51,9 +51,9 @@ from opentelemetry.trace import Status, StatusCode
 
 from rollout.agreement import bucket_label, bucket_of
 from rollout.clock import Clock, SystemClock
-from rollout.flips import FlipCapture
+from rollout.flips import FlipCapture, load_redactor
 from rollout.policy import Arm, Reason
-from rollout.settings import Settings
+from rollout.settings import ShadowSettings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
 from rollout.slices import HeaderValues, slices_of, tokens_per_input
 from serve.answer import ModelAnswer
@@ -112,20 +112,29 @@ def _sliced(pairs: list[PairOutcome], texts: list[str], baseline: ModelAnswer,
         return pairs
 
 
+def flip_capture(settings: ShadowSettings) -> FlipCapture:
+    """Flip capture as the shadow settings (`flip_*`) ask; resolves the redaction hook
+    (rollout.flips.FlipSettingError)."""
+    hook = settings.flip_redact
+    return FlipCapture(enabled=settings.flip_capture, max_chars=settings.flip_capture_max_chars,
+                       redact=load_redactor(hook) if settings.flip_capture and hook else None,
+                       max_len=settings.flip_capture_max, ttl_s=settings.flip_capture_ttl_s)
+
+
 class Shadow:
     """The shadow comparisons of one gateway replica (see the module docstring).
 
     `call` is the gateway's model call; `rng` and `clock` are injectable for tests. A
     CANARY_FLIP_REDACT that cannot be imported fails here, at start (FlipSettingError)."""
 
-    def __init__(self, settings: Settings, call: ShadowCall, telemetry: Telemetry, *,
+    def __init__(self, settings: ShadowSettings, call: ShadowCall, telemetry: Telemetry, *,
                  rng: random.Random | None = None, clock: Clock | None = None):
         self.settings, self.call, self.telemetry = settings, call, telemetry
         self.rng = rng or random.Random()
         self.clock = clock or SystemClock()
         self.enabled = settings.shadow_share > 0 and telemetry.enabled
         self.metrics = ShadowMetrics(telemetry.meter)
-        self.flips = FlipCapture.from_settings(settings)
+        self.flips = flip_capture(settings)
         self.header_values = HeaderValues()  # the CANARY_SLICE_HEADER values, bounded
         self.tasks: set[asyncio.Task] = set()  # shadow calls running
 

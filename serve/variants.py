@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-from rollout.settings import Settings
+from rollout.settings import ModelSettings, Settings
 from serve.batching import PAD_WIDTHS, padded_width, run_budgeted
 from serve.onnxrt import ONNX_RECIPES
 from serve.recipes import apply_recipe
@@ -58,7 +58,7 @@ class LabelsDiffer(ModelSourceError):
     """The arms classify into different label lists: their agreement would mean nothing."""
 
 
-def model_dir(settings: Settings, arm: str = "baseline") -> Path:
+def model_dir(settings: ModelSettings, arm: str = "baseline") -> Path:
     """The model folder of `arm`: its own `<arm>_model_path`, else `model_path`, else the
     packaged model. A folder without config.json is an error naming the setting to fix."""
     own = getattr(settings, f"{arm}_model_path")
@@ -79,7 +79,7 @@ def _has_head(config) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in config.architectures or ())
 
 
-def arm_labels(settings: Settings, path: Path, config=None) -> tuple[str, ...]:
+def arm_labels(settings: ModelSettings, path: Path, config=None) -> tuple[str, ...]:
     """The labels the model in `path` classifies into (module docstring): a classifier head's
     `id2label`, else the folder's canary-labels.json, else `settings.labels`."""
     config = config or AutoConfig.from_pretrained(path, local_files_only=True)
@@ -99,7 +99,7 @@ def arm_labels(settings: Settings, path: Path, config=None) -> tuple[str, ...]:
     return tuple(label.strip() for label in labels)
 
 
-def labels_of(settings: Settings, arm: str) -> tuple[str, ...]:
+def labels_of(settings: ModelSettings, arm: str) -> tuple[str, ...]:
     """`arm`'s labels, from its folder's files alone (no model is loaded)."""
     return arm_labels(settings, model_dir(settings, arm))
 
@@ -114,7 +114,7 @@ def check_labels(baseline: Sequence[str], optimized: Sequence[str]) -> None:
             f"the same order ({LABELS_FILE} or a classifier's id2label, else CANARY_LABELS)")
 
 
-def resolve_device(settings: Settings) -> str:
+def resolve_device(settings: ModelSettings) -> str:
     if settings.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if settings.device == "cuda" and not torch.cuda.is_available():
@@ -122,7 +122,7 @@ def resolve_device(settings: Settings) -> str:
     return settings.device
 
 
-def recipe_for(arm: str, settings: Settings, device: str) -> str:
+def recipe_for(arm: str, settings: ModelSettings, device: str) -> str:
     """The arm's configured recipe: `baseline_recipe` (fp32 by default, never `auto`) or
     `optimized_recipe`, where `auto` is decided by measurement when the variant loads
     (serve.autopick)."""
@@ -202,11 +202,11 @@ def aware_plan_key(settings: Settings, weights: str, path: Path,
     )
 
 
-def _plan_dir(settings: Settings) -> Path | None:
+def _plan_dir(settings: ModelSettings) -> Path | None:
     return Path(settings.plan_dir).expanduser() if settings.plan_dir else None
 
 
-def load_tokenizer(settings: Settings, path: Path | None = None):
+def load_tokenizer(settings: ModelSettings, path: Path | None = None):
     """(tokenizer, max_tokens, digest) of the model source: what `Variant` tokenizes with and
     what the gateway tokenizes with (serve.preprocess; by default the baseline's: an optimized
     arm with another tokenizer reports another digest, and gets texts). `digest` hashes the

@@ -49,6 +49,7 @@ from rollout.events import (
     redact_webhook,
     sign,
 )
+from rollout.settings import WebhookSettings
 
 log = logging.getLogger("canary.webhooks")
 
@@ -358,8 +359,9 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def sender_from(settings, ledger: Ledger | None = None, **kwargs) -> WebhookSender | None:
-    """The sender the settings ask for (`webhook_*`); None when no URL is configured."""
+def sender_from(settings: WebhookSettings, ledger: Ledger | None = None,
+                **kwargs) -> WebhookSender | None:
+    """The sender the webhook settings ask for; None when no URL is configured."""
     if not settings.webhook_urls:
         return None
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None

@@ -82,7 +82,7 @@ class GatewayApp:
 
     def telemetry(self):
         """The telemetry store in Redis, read as an operator (close it after use)."""
-        return open_telemetry(self.operator)
+        return open_telemetry(self.operator, self.operator)
 
     def windows(self, store) -> Windows:
         return Windows(store, self.settings.app_name)

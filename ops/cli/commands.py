@@ -254,7 +254,7 @@ def run(argv=None, *, store: StateStore | None = None, clock: Clock | None = Non
             store = opened = open_store(settings)
             where, app = _where(settings), settings.app_name
             if telemetry is None and args.command in ("status", "traces", "flips"):
-                telemetry = opened_telemetry = open_telemetry(settings)
+                telemetry = opened_telemetry = open_telemetry(settings, settings)
             if ramps is None and args.command == "ramp":
                 from rollout.ramp import open_ramp_store
 

@@ -14,8 +14,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rollout import PermissionDenied, Settings, StateStore, StoreUnavailable, Traces, Windows
+from rollout import PermissionDenied, StateStore, StoreUnavailable, Traces, Windows
 from rollout.clock import Clock, SystemClock
+from rollout.settings import StateSettings, TelemetrySettings
 from rollout.status import read_status
 from rollout.telemetry.series import StepCache, check_span
 from serve.dashboard.errors import ControlUnavailable, InvalidInput, NotFound
@@ -85,14 +86,15 @@ def bounded_int(raw: str | int | None, name: str, default: int, low: int, high: 
 
 
 class Readings:
-    def __init__(self, settings: Settings, store: StateStore, telemetry, *,
-                 clock: Clock | None = None):
+    def __init__(self, state: StateSettings, settings: TelemetrySettings, store: StateStore,
+                 telemetry, *, clock: Clock | None = None):
+        """What the page reads of `state`'s application, priced and paced by `settings`."""
         self.settings, self.store, self.telemetry = settings, store, telemetry
         self.clock = clock or SystemClock()
         self.memo = Memo(self.clock)
         # a step is sealed once every sink has flushed it
         self.steps = StepCache(settle_s=max(5.0, 4 * settings.telemetry_flush_s))
-        self.app = settings.app_name
+        self.app = state.app_name
 
     @property
     def device_hour_price(self) -> float:

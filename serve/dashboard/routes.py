@@ -80,7 +80,8 @@ class DashboardRoutes:
 
     @cached_property
     def _readings(self) -> Readings:
-        return Readings(self.settings, self.store, open_telemetry(self.settings))
+        settings = self.settings
+        return Readings(settings, settings, self.store, open_telemetry(settings, settings))
 
     @cached_property
     def _ramp_reader(self) -> RampControl:

@@ -43,7 +43,7 @@ from rollout.errors import RolloutError
 from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
 from rollout.redis_store import call_redis
-from rollout.settings import Settings
+from rollout.settings import StateSettings, TelemetrySettings
 from serve.errors import GatewayError
 
 log = logging.getLogger("canary.metrics_targets")
@@ -216,11 +216,11 @@ class ReplicaEndpoint:
         self._closed = False
 
     @classmethod
-    def open(cls, settings: Settings, registry, book: TargetBook, *, replica: str,
-             node_ip: str, clock: Clock | None = None) -> ReplicaEndpoint | None:
-        """Serve `registry` on the configured host and port and register it under `replica`;
-        None when disabled (`metrics_targets` off, telemetry off) or the port cannot be bound
-        (logged: `GET /metrics` still works)."""
+    def open(cls, state: StateSettings, settings: TelemetrySettings, registry, book: TargetBook,
+             *, replica: str, node_ip: str, clock: Clock | None = None) -> ReplicaEndpoint | None:
+        """Serve `registry` on the host and port `settings` configure and register it under
+        `replica`, labelled with `state`'s application; None when disabled (`metrics_targets`
+        off, telemetry off) or the port cannot be bound (logged: `GET /metrics` still works)."""
         if not settings.metrics_targets or registry is None:
             return None
         bind = settings.metrics_host or node_ip
@@ -230,7 +230,7 @@ class ReplicaEndpoint:
             log.warning("no per-replica metrics endpoint (GET /metrics still answers): %s", exc)
             return None
         host = node_ip if bind in ANY_ADDRESS else bind
-        labels = {"app": settings.app_name, "node": node_ip, "replica": replica}
+        labels = {"app": state.app_name, "node": node_ip, "replica": replica}
         target = Target(replica=replica, address=address(host, server.port), labels=labels)
         endpoint = cls(server, book, target, settings.metrics_target_ttl_s, clock)
         endpoint.refresh()

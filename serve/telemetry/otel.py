@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from rollout import open_telemetry
-from rollout.settings import Settings
+from rollout.settings import StateSettings, TelemetrySettings
 from rollout.telemetry.sink import TelemetrySink
 
 SCOPE = "canary"
@@ -114,7 +114,7 @@ class RequestLog:
     """One JSON line per request, written to a stream by a sink thread (never on the request
     path; lines are dropped and counted when the queue is full)."""
 
-    def __init__(self, settings: Settings, stream: IO[str] | None = None):
+    def __init__(self, settings: TelemetrySettings, stream: IO[str] | None = None):
         self.stream = stream or sys.stderr
         self.sink = TelemetrySink(self._write, capacity=settings.telemetry_queue_size,
                                   flush_s=settings.telemetry_flush_s, name="request-log")
@@ -128,7 +128,8 @@ class RequestLog:
 
 
 class Telemetry:
-    """Tracer, meter, sinks and request log of one process.
+    """Tracer, meter, sinks and request log of one process, as `settings` configures them;
+    `state` names the application (`canary.app`) and the Redis the telemetry is written to.
 
     `instance` becomes `service.instance.id`; `span_exporters` and `metric_readers` add test
     doubles (the SDK's in-memory ones);
@@ -138,7 +139,8 @@ class Telemetry:
 
     def __init__(
         self,
-        settings: Settings,
+        state: StateSettings,
+        settings: TelemetrySettings,
         service: str,
         *,
         prometheus: bool = False,
@@ -150,7 +152,7 @@ class Telemetry:
         store=None,
         log_stream: IO[str] | None = None,
     ):
-        self.settings, self.service = settings, service
+        self.state, self.settings, self.service = state, settings, service
         self.enabled = settings.telemetry_enabled
         self.sink: TelemetrySink | None = None
         self.request_log: RequestLog | None = None
@@ -165,7 +167,7 @@ class Telemetry:
         environ = os.environ if environ is None else environ
         otlp = otlp_endpoints(environ)
         self._start_sinks(store, request_log, log_stream)
-        attributes = {"service.name": service, "canary.app": settings.app_name}
+        attributes = {"service.name": service, "canary.app": state.app_name}
         if instance:
             attributes["service.instance.id"] = instance
         resource = Resource.create(attributes)
@@ -178,7 +180,7 @@ class Telemetry:
         """The Redis sink (or `store`'s) and the JSON request log, each where configured."""
         settings = self.settings
         if settings.telemetry_redis or store is not None:
-            self.store = store or open_telemetry(settings)
+            self.store = store or open_telemetry(self.state, settings)
             self.sink = TelemetrySink(self.store.write, capacity=settings.telemetry_queue_size,
                                       flush_s=settings.telemetry_flush_s,
                                       name=f"{self.service}-telemetry").start()

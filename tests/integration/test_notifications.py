@@ -60,7 +60,7 @@ def notifier(secured, app, receiver):
         settings = Settings(redis_url=secured.url_for("controller"), app_name=app,
                             webhook_urls=receiver.url, webhook_secret=SECRET, **overrides)
         states = RedisStateStore(settings.redis_url, app, timeout_s=5.0)
-        running = start_notifications(settings, states, leader=lambda: True,
+        running = start_notifications(settings, settings, states, leader=lambda: True,
                                       stop=threading.Event(), poll_s=0.05)
         started.append((running, states))
         return running

@@ -82,8 +82,8 @@ def _attrs(proto_attrs) -> dict:
 def test_spans_and_metrics_reach_an_otlp_receiver(receiver):
     settings = Settings(telemetry_redis=False)
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
-    gateway = Telemetry(settings, "canary-gateway", environ=environ)
-    model = Telemetry(settings, "canary-model", environ=environ)
+    gateway = Telemetry(settings, settings, "canary-gateway", environ=environ)
+    model = Telemetry(settings, settings, "canary-model", environ=environ)
     try:
         obs = Observer(gateway).start("req-otlp", {})
         obs.parsed(["hello"], "classify")

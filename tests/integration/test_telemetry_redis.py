@@ -24,7 +24,8 @@ def settings(url: str, **overrides) -> Settings:
 
 
 def test_spans_go_through_the_sink_into_redis_and_read_back_as_a_trace(redis_url):
-    telemetry = Telemetry(settings(redis_url), "canary-gateway", environ={})
+    config = settings(redis_url)
+    telemetry = Telemetry(config, config, "canary-gateway", environ={})
     tracer = telemetry.tracer
     root = tracer.start_span("POST /v1/predict", kind=SpanKind.SERVER, attributes={
         "canary.request_id": "req-redis", "canary.arm": "baseline",
@@ -37,7 +38,8 @@ def test_spans_go_through_the_sink_into_redis_and_read_back_as_a_trace(redis_url
     root.end()
     telemetry.flush()
     trace_id = format(root.get_span_context().trace_id, "032x")
-    store = open_telemetry(settings(redis_url))
+    config = settings(redis_url)
+    store = open_telemetry(config, config)
     try:
         traces = Traces(store)
         [summary] = traces.recent(10)
@@ -55,7 +57,8 @@ def test_spans_go_through_the_sink_into_redis_and_read_back_as_a_trace(redis_url
 
 
 def test_windows_written_through_the_sink_read_back_per_arm(redis_url):
-    store = open_telemetry(settings(redis_url))
+    config = settings(redis_url)
+    store = open_telemetry(config, config)
     now = time.time()
     ok = Attempt("baseline", "ok", {"forward": 3.0}, 2, 0, 0.003, 0.001)
     items = [WindowItem(now, RequestRecord("baseline", 200, 12.0, 1, 4, (ok,)))
@@ -78,7 +81,8 @@ def test_windows_written_through_the_sink_read_back_per_arm(redis_url):
 
 
 def test_shadow_counters_written_with_windows_read_back_as_online_agreement(redis_url):
-    store = open_telemetry(settings(redis_url))
+    config = settings(redis_url)
+    store = open_telemetry(config, config)
     now = time.time()
     ok = Attempt("baseline", "ok", {"forward": 3.0}, 2, 0, 0.003, 0.001)
     pairs = [PairOutcome(True, 0.2)] * 7 + [PairOutcome(False, 0.001)]
@@ -117,7 +121,8 @@ def test_the_trace_index_and_each_trace_are_bounded(redis_url):
 
 
 def test_redis_down_drops_and_counts_but_never_fails_the_caller(redis_server, redis_url):
-    telemetry = Telemetry(settings(redis_url, redis_timeout_s=0.5), "canary-gateway", environ={})
+    state = settings(redis_url, redis_timeout_s=0.5)
+    telemetry = Telemetry(state, state, "canary-gateway", environ={})
     try:
         redis_server.stop()
         for _ in range(20):  # ending a span only queues it: no Redis call, no exception

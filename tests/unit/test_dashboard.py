@@ -19,6 +19,7 @@ from rollout import (
     Settings,
     StoreUnavailable,
 )
+from rollout.settings import StateSettings, TelemetrySettings
 from serve.dashboard.actions import Actions, authorize
 from serve.dashboard.errors import (
     ConfirmationRequired,
@@ -190,8 +191,8 @@ def test_memo_keeps_a_bounded_number_of_keys():
 
 
 def readings(store, telemetry=None, clock=None):
-    return Readings(Settings(app_name="unit"), store, telemetry or MemoryTelemetry(),
-                    clock=clock or FakeClock(START))
+    return Readings(StateSettings(app_name="unit"), TelemetrySettings(), store,
+                    telemetry or MemoryTelemetry(), clock=clock or FakeClock(START))
 
 
 def test_status_is_cached_until_an_action_or_the_ttl(store):
@@ -242,8 +243,8 @@ def test_status_and_series_say_whether_cost_is_priced(store):
     unpriced = readings(store)
     assert unpriced.series(600, 60)["device_hour_price"] == 0
     assert unpriced.status()["device_hour_price"] == 0
-    priced = Readings(Settings(app_name="unit", device_hour_price=3.6), store, MemoryTelemetry(),
-                      clock=FakeClock(START))
+    priced = Readings(StateSettings(app_name="unit"), TelemetrySettings(device_hour_price=3.6),
+                      store, MemoryTelemetry(), clock=FakeClock(START))
     assert priced.series(600, 60)["device_hour_price"] == 3.6
     assert priced.status()["device_hour_price"] == 3.6
 

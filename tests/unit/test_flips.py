@@ -30,7 +30,7 @@ from rollout.redis_layout import Keys
 from rollout.shadow import ShadowItem, aggregate_shadow
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.regression import load_set
-from serve.shadow import Shadow
+from serve.shadow import Shadow, flip_capture
 from serve.telemetry.otel import Telemetry
 
 NOW = 1_700_000_000.0
@@ -79,7 +79,7 @@ def records_of(cap: FlipCapture, texts, base_labels, opt_labels, **kwargs):
 def test_capture_is_off_by_default_and_the_settings_have_bounds():
     settings = Settings()
     assert settings.flip_capture is False and settings.flip_redact is None
-    assert FlipCapture.from_settings(settings).enabled is False
+    assert flip_capture(settings).enabled is False
     with pytest.raises(ValidationError, match="flip_capture_max"):
         Settings(flip_capture_max=0)
     with pytest.raises(ValidationError, match="CANARY_FLIP_REDACT must be 'module:function'"):
@@ -108,7 +108,7 @@ def test_load_redactor_resolves_or_names_the_setting():
 
 def test_a_hook_that_cannot_be_imported_fails_the_gateway_at_start():
     settings = Settings(flip_capture=True, flip_redact="tests.unit.no_such_module:redact")
-    telemetry = Telemetry(settings, "canary-gateway", store=MemoryFlips(), environ={})
+    telemetry = Telemetry(settings, settings, "canary-gateway", store=MemoryFlips(), environ={})
     try:
         with pytest.raises(FlipSettingError, match="CANARY_FLIP_REDACT: cannot import"):
             Shadow(settings, None, telemetry)
@@ -237,7 +237,7 @@ class Rig:
         self.store, self.reader = store or Store(), InMemoryMetricReader()
         self.settings = Settings(**{"shadow_share": 1.0, "flip_capture": True,
                                     "telemetry_flush_s": 0.01, **overrides})
-        self.telemetry = Telemetry(self.settings, "canary-gateway", store=self.store,
+        self.telemetry = Telemetry(self.settings, self.settings, "canary-gateway", store=self.store,
                                    metric_readers=[self.reader], environ={})
 
         async def call(arm, texts, task, timeout, carrier):

@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from rollout import FakeClock, Settings
+from rollout import FakeClock
 from rollout.idempotency import MemoryIdempotencyStore
+from rollout.settings import ServingSettings, StateSettings
 from serve.errors import InProgress, InvalidInput, KeyReused
 from serve.idempotent import Idempotency
 
@@ -18,7 +19,7 @@ RESPONSE = {"status": 200, "body": {"arm": "baseline"}, "headers": {"X-Request-I
 
 @pytest.fixture
 def idem() -> Idempotency:
-    idempotency = Idempotency(Settings())
+    idempotency = Idempotency(StateSettings(), ServingSettings())
     idempotency.store = MemoryIdempotencyStore(ttl_s=60, pending_ttl_s=10, clock=FakeClock())
     return idempotency
 

@@ -208,7 +208,7 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
 
     shed: list[float] = []
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
-    ingress.configure(settings(), Saturated(True), shed.append)
+    ingress.configure(settings(), settings(), Saturated(True), shed.append)
     app, sent = App(), Sent()
 
     s = scope(headers=[(b"x-request-id", b"req-1")])
@@ -224,10 +224,10 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
     assert len(shed) == 1 and shed[0] >= 0
 
     other = scope()  # not saturated, or another path: handed on
-    ingress.configure(settings(), Saturated(False), shed.append)
+    ingress.configure(settings(), settings(), Saturated(False), shed.append)
     asyncio.run(BodyGate(app)(other, client(b"{}"), sent))
     dashboard = {**scope(), "path": "/v1/dashboard/kill"}
-    ingress.configure(settings(), Saturated(True), shed.append)
+    ingress.configure(settings(), settings(), Saturated(True), shed.append)
     asyncio.run(BodyGate(app)(dashboard, client(b"{}"), sent))
     assert len(app.calls) == 2 and len(shed) == 1
 
@@ -247,7 +247,7 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
             return 1 if self.calls > 1 else None  # free on arrival, refused once the body is in
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
-    ingress.configure(settings(), Becomes(), lambda ms: None)
+    ingress.configure(settings(), settings(), Becomes(), lambda ms: None)
     app, sent = App(), Sent()
 
     asyncio.run(BodyGate(app)(scope(), client(b"{}"), sent))
@@ -260,7 +260,7 @@ def test_the_door_judges_the_requests_own_timeout_and_sends_its_retry_after(monk
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     door = Saturated(True, retry_after=3)
-    ingress.configure(settings(), door, lambda ms: None)
+    ingress.configure(settings(), settings(), door, lambda ms: None)
     app, sent = App(), Sent()
 
     s = scope(headers=[(b"x-request-timeout-ms", b"250")])
@@ -290,7 +290,7 @@ def test_a_prediction_let_through_holds_its_slot_until_answered_and_its_arrival_
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     admission = Saturated(False)
     admission.loop.lag_s = 0.5
-    ingress.configure(settings(), admission, lambda ms: None)
+    ingress.configure(settings(), settings(), admission, lambda ms: None)
     seen = []
 
     async def app(scope, receive, send):
@@ -317,7 +317,7 @@ def test_refused_on_arrival_a_small_body_is_read_so_the_connection_carries_the_n
     from serve import ingress
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
-    ingress.configure(settings(), Saturated(True, retry_after=2), lambda ms: None)
+    ingress.configure(settings(), settings(), Saturated(True, retry_after=2), lambda ms: None)
     app, sent = App(), Sent()
 
     small = scope(headers=[(b"content-length", b"17")])

@@ -19,6 +19,7 @@ from rollout import Settings
 from rollout.clock import FakeClock
 from rollout.errors import StoreUnavailable
 from rollout.redis_layout import Keys
+from rollout.settings import StateSettings, TelemetrySettings
 from serve.telemetry.metrics_targets import (
     MemoryTargetBook,
     MetricsServer,
@@ -58,8 +59,8 @@ def endpoints():
 
 def open_endpoint(registry, book, clock, endpoints, replica="r1", settings=SETTINGS,
                   node_ip="10.0.0.7"):
-    endpoint = ReplicaEndpoint.open(settings, registry, book, replica=replica, node_ip=node_ip,
-                                    clock=clock)
+    endpoint = ReplicaEndpoint.open(settings, settings, registry, book, replica=replica,
+                                    node_ip=node_ip, clock=clock)
     if endpoint is not None:
         endpoints.append(endpoint)
     return endpoint
@@ -158,7 +159,7 @@ def test_no_free_port_means_no_endpoint_and_a_warning(registry, caplog):
         MetricsServer(registry, "203.0.113.1", 0)  # TEST-NET-3: not an address of this host
     caplog.set_level(logging.WARNING)
     settings = SETTINGS.model_copy(update={"metrics_host": "203.0.113.1"})
-    assert ReplicaEndpoint.open(settings, registry, MemoryTargetBook(), replica="r",
+    assert ReplicaEndpoint.open(settings, settings, registry, MemoryTargetBook(), replica="r",
                                 node_ip="x") is None
     assert "GET /metrics still answers" in caplog.text
 
@@ -166,8 +167,8 @@ def test_no_free_port_means_no_endpoint_and_a_warning(registry, caplog):
 def test_disabled_or_without_a_registry_nothing_is_served(registry):
     off = SETTINGS.model_copy(update={"metrics_targets": False})
     book = MemoryTargetBook()
-    assert ReplicaEndpoint.open(off, registry, book, replica="r", node_ip="x") is None
-    assert ReplicaEndpoint.open(SETTINGS, None, book, replica="r", node_ip="x") is None
+    assert ReplicaEndpoint.open(off, off, registry, book, replica="r", node_ip="x") is None
+    assert ReplicaEndpoint.open(SETTINGS, SETTINGS, None, book, replica="r", node_ip="x") is None
     assert book.data == {}
 
 
@@ -209,15 +210,16 @@ def test_ipv6_hosts_are_bracketed_and_the_key_is_under_telemetry():
 def test_the_registry_carries_the_replica_as_service_instance_id():
     from serve.telemetry.otel import Telemetry
 
-    telemetry = Telemetry(Settings(telemetry_redis=False), "canary-gateway", prometheus=True,
-                          instance="abc123", environ={})
+    telemetry = Telemetry(StateSettings(), TelemetrySettings(telemetry_redis=False),
+                          "canary-gateway", prometheus=True, instance="abc123", environ={})
     try:
         assert telemetry.registry is not None
         telemetry.meter.create_counter("canary.requests").add(1, {"arm": "baseline"})
         assert 'service_instance_id="abc123"' in telemetry.prometheus_text().decode()
     finally:
         telemetry.shutdown()
-    assert Telemetry(Settings(telemetry_enabled=False), "g", prometheus=True).registry is None
+    off = TelemetrySettings(telemetry_enabled=False)
+    assert Telemetry(StateSettings(), off, "g", prometheus=True).registry is None
 
 
 def test_the_targets_route_is_declared_in_openapi():

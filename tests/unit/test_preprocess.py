@@ -24,7 +24,7 @@ def _info(variant: Variant) -> dict:
 def test_gateway_ids_equal_the_models_and_carry_their_time(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), max_tokens=64)
     variant = Variant(settings, "baseline")
-    pre = Preprocessor(settings, [_info(variant), _info(variant)])
+    pre = Preprocessor(settings, settings, [_info(variant), _info(variant)])
     assert pre.enabled
     encoded = asyncio.run(pre.encode(TEXTS))
     assert isinstance(encoded, Encoded)
@@ -36,21 +36,21 @@ def test_gateway_ids_equal_the_models_and_carry_their_time(encoder_dir):
 def test_texts_go_through_when_the_models_tokenize_differently(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), max_tokens=64)
     other = Variant(settings.model_copy(update={"max_tokens": 32}), "baseline")
-    pre = Preprocessor(settings, [_info(other), _info(other)])  # another truncation length
+    pre = Preprocessor(settings, settings, [_info(other), _info(other)])  # other truncation
     assert not pre.enabled
     assert asyncio.run(pre.encode(TEXTS)) is TEXTS
 
 
 def test_zero_threads_turns_it_off(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), gateway_tokenize_threads=0)
-    pre = Preprocessor(settings, [{"tokenizer": "anything"}])
+    pre = Preprocessor(settings, settings, [{"tokenizer": "anything"}])
     assert not pre.enabled and asyncio.run(pre.encode(TEXTS)) is TEXTS
 
 
 def test_a_tokenizer_failure_sends_the_texts(encoder_dir):
     settings = Settings(model_path=str(encoder_dir))
     variant = Variant(settings, "baseline")
-    pre = Preprocessor(settings, [_info(variant)])
+    pre = Preprocessor(settings, settings, [_info(variant)])
 
     def broken(*args, **kwargs):
         raise RuntimeError("tokenizer broke")
@@ -65,7 +65,7 @@ def test_large_requests_are_tokenized_in_the_pool_small_ones_inline(encoder_dir)
 
     settings = Settings(model_path=str(encoder_dir), max_tokens=512)
     variant = Variant(settings, "baseline")
-    pre = Preprocessor(settings, [_info(variant)])
+    pre = Preprocessor(settings, settings, [_info(variant)])
     threads = []
     real = pre.tokenizer
 

@@ -60,8 +60,9 @@ class Rig:
         self.store, self.spans = Store(), InMemorySpanExporter()
         self.reader = InMemoryMetricReader()
         self.settings = Settings(**{"shadow_share": 1.0, "telemetry_flush_s": 0.01, **overrides})
-        self.telemetry = Telemetry(self.settings, "canary-gateway", span_exporters=[self.spans],
-                                   metric_readers=[self.reader], store=self.store, environ={})
+        self.telemetry = Telemetry(self.settings, self.settings, "canary-gateway",
+                                   span_exporters=[self.spans], metric_readers=[self.reader],
+                                   store=self.store, environ={})
         self.model = model
         self.shadow = Shadow(self.settings, model, self.telemetry, rng=random.Random(seed),
                              clock=FakeClock(1_700_000_000.0))

@@ -13,6 +13,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rollout import FakeClock, RolloutState, Settings, StateView, decide
+from rollout.settings import TelemetrySettings
 from rollout.telemetry.redis_store import WindowItem
 from serve.answer import BatchShape, ModelAnswer, StageTiming
 from serve.errors import ModelFailed, ModelTimeout
@@ -45,11 +46,11 @@ class Rig:
         self.store = Store()
         self.log = io.StringIO()
         self.settings = Settings(**{"device_hour_price": 3.6, **overrides})
-        self.gateway = Telemetry(self.settings, "canary-gateway", request_log=True,
+        self.gateway = Telemetry(self.settings, self.settings, "canary-gateway", request_log=True,
                                  span_exporters=[self.spans], metric_readers=[self.reader],
                                  store=self.store, log_stream=self.log, environ={})
-        self.model = Telemetry(self.settings, "canary-model", span_exporters=[self.spans],
-                               store=self.store, environ={})
+        self.model = Telemetry(self.settings, self.settings, "canary-model",
+                               span_exporters=[self.spans], store=self.store, environ={})
         self.observer = Observer(self.gateway, clock=FakeClock(1_700_000_000.0))
 
     def flush(self):
@@ -265,7 +266,7 @@ def test_an_incoming_sampled_trace_is_followed_even_at_ratio_zero():
 
 def test_telemetry_off_observes_nothing():
     settings = Settings(telemetry_enabled=False)
-    telemetry = Telemetry(settings, "canary-gateway", prometheus=True, request_log=True)
+    telemetry = Telemetry(settings, settings, "canary-gateway", prometheus=True, request_log=True)
     assert telemetry.sink is None and telemetry.request_log is None
     assert Observer(telemetry).start("req", INCOMING) is NULL_OBSERVATION
     assert NULL_OBSERVATION.call("baseline").carrier is None
@@ -287,8 +288,8 @@ def test_the_grafana_dashboard_only_uses_metrics_the_gateway_exports(rig):
     import re
     from pathlib import Path
 
-    telemetry = Telemetry(Settings(), "canary-gateway", prometheus=True, environ={},
-                          store=Store())
+    telemetry = Telemetry(Settings(), TelemetrySettings(), "canary-gateway", prometheus=True,
+                          environ={}, store=Store())
     try:
         observer = Observer(telemetry)
         obs = observer.start("req", {})
