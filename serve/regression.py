@@ -11,7 +11,7 @@ Format, one JSON object per line (blank lines are skipped):
 - any other key (the shipped set has `kind`) is kept as metadata and otherwise ignored.
 
 The default set ships as `serve/data/regression.jsonl` (made by `python -m
-ops.make_regression_set`). Its inputs fall in three splits by index, so that nothing is judged
+ops.generate.regression_set`). Its inputs fall in three splits by index, so that nothing is judged
 on the inputs it was tuned or chosen on:
 
 - *calibration* (every 4th input: 0, 4, 8, ...): what a calibrated recipe tunes on (SmoothQuant

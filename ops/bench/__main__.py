@@ -38,6 +38,7 @@ from pathlib import Path
 from ops.bench import endtoend, pipeline, report, target
 from ops.bench.endtoend import BenchError
 from ops.cli.types import key_value, positive_ints
+from ops.load.processes import rss_mib
 from serve import ray_env
 
 
@@ -291,8 +292,6 @@ def _load(path: str) -> dict:
 
 
 def _rss_mib() -> float:
-    from ops.loadtest import rss_mib
-
     return round(rss_mib(os.getpid()) or 0.0, 1)
 
 

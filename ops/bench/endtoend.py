@@ -5,10 +5,12 @@ for its answer and send the next, for `seconds` after an unmeasured warm-up (so 
 adapts to what the gateway serves: this finds its throughput at that concurrency, not an
 overload). Every answer is accounted for: 200s give a client latency and their `Server-Timing`
 (stages in ms and the batch's size), any other status or a connection error is counted by kind.
-Throughput counts answered 200s over the measured window only. A worker whose request was shed
-(503) waits its Retry-After before the next, as a well-behaved client does: resending at once
-would measure the cost of refusing requests (the gateway sheds what would queue past its
-target, serve.admission), not the goodput it serves.
+Throughput counts answered 200s over the measured window only (from its start to the last
+answer of a request sent in it). A worker whose request was shed (429 or 503) waits its
+Retry-After before the next, as a well-behaved client does: resending at once would measure the
+cost of refusing requests (the gateway sheds what would queue past its target,
+serve.admission), not the goodput it serves. The load is ops.load's closed loop and client
+(`Sender`, raw HTTP/1.1 on kept-alive connections, one per worker), the same for both targets.
 
 Per level it reports the requests sent in the measured window (each ends as a 200 or as one
 of the failures, so `failed` / `sent` is the exact share not answered), requests and inputs per
@@ -21,12 +23,13 @@ same generator drives the plain Ray Serve deployment of `--plain` (no `Server-Ti
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
-import time
 from collections import Counter
 
 import httpx
 
+from ops.load import Sender, Shot, closed_loop, drain, parse_server_timing
 from rollout.agreement import percentile
 
 STAGES = ("preprocess", "queue", "model", "postprocess", "gateway", "total")
@@ -34,33 +37,6 @@ STAGES = ("preprocess", "queue", "model", "postprocess", "gateway", "total")
 
 class BenchError(Exception):
     """The benchmark cannot run as asked (bad input, unreachable gateway); exit code 2."""
-
-
-def parse_server_timing(header: str) -> tuple[dict[str, float], int | None]:
-    """`preprocess;dur=1.2, ..., batch;desc="requests=3 items=7"` -> ({stage: ms}, requests)."""
-    stages: dict[str, float] = {}
-    batch = None
-    for part in header.split(","):
-        name, _, rest = part.strip().partition(";")
-        if rest.startswith("dur="):
-            try:
-                stages[name] = float(rest[4:])
-            except ValueError:
-                continue
-        elif name == "batch" and "requests=" in rest:
-            value = rest.split("requests=", 1)[1].split()[0].strip('"')
-            batch = int(value) if value.isdigit() else None
-    return stages, batch
-
-
-def retry_after(response: httpx.Response, remaining: float) -> float:
-    """Seconds a well-behaved client waits before its next request after `response`: the
-    Retry-After of a shed request (503; delay-seconds form), at most `remaining`; else 0. A
-    client that resends at once measures the cost of refusing it, not the gateway's goodput."""
-    value = response.headers.get("retry-after", "")
-    if response.status_code != 503 or not value.strip().isdigit():
-        return 0.0
-    return max(0.0, min(float(value), remaining))
 
 
 def check_reachable(url: str, timeout: float = 5.0) -> None:
@@ -76,45 +52,35 @@ def check_reachable(url: str, timeout: float = 5.0) -> None:
 
 async def _level(url: str, texts: list[str], concurrency: int, seconds: float, warmup: float,
                  per_request: int, task: str, timeout: float) -> dict:
-    samples: list[tuple[float, dict[str, float], int | None, str]] = []
-    failures: Counter[str] = Counter()
-    sent_in_window = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    start = time.monotonic()
-    measure_from, stop = start + warmup, start + warmup + seconds
-    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+    sender = Sender(url, timeout_s=timeout, connections=concurrency,
+                    capture=("retry-after", "server-timing", "x-canary-arm"))
+    bodies = {}
 
-        async def worker(w: int) -> None:
-            nonlocal sent_in_window
-            i = w
-            while (sent := time.monotonic()) < stop:
-                inputs = [texts[(i + k) % len(texts)] for k in range(per_request)]
-                i += concurrency
-                if sent >= measure_from:
-                    sent_in_window += 1
-                try:
-                    response = await client.post(
-                        "/v1/predict", json={"inputs": inputs, "task": task},
-                        headers={"X-Routing-Key": f"bench-{w}-{i}"})
-                except httpx.HTTPError as exc:
-                    if sent >= measure_from:
-                        failures[f"lost:{type(exc).__name__}"] += 1
-                    continue
-                if response.status_code != 200:
-                    if sent >= measure_from:
-                        failures[str(response.status_code)] += 1
-                    await asyncio.sleep(retry_after(response, stop - time.monotonic()))
-                    continue
-                if sent < measure_from:
-                    continue
-                stages, batch = parse_server_timing(response.headers.get("server-timing", ""))
-                latency = (time.monotonic() - sent) * 1000
-                samples.append((latency, stages, batch, response.headers.get("x-canary-arm", "")))
+    def body(n: int) -> bytes:
+        start = n % len(texts)
+        if start not in bodies:
+            inputs = [texts[(start + k) % len(texts)] for k in range(per_request)]
+            bodies[start] = json.dumps({"inputs": inputs, "task": task}).encode()
+        return bodies[start]
 
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    window = max(time.monotonic() - measure_from, 1e-9)
+    shots: list[Shot] = []
+    try:
+        offered = await closed_loop(lambda n: sender(body(n), f"bench-{n}", per_request), shots,
+                                    concurrency=concurrency, duration_s=seconds,
+                                    warmup_s=warmup)
+        window = max(await drain(offered), 1e-9)
+    finally:
+        await sender.aclose()
+    samples = [_sample(shot) for shot in shots if shot.status == 200]
+    failures = Counter(str(shot.status or "lost") for shot in shots if shot.status != 200)
     return summarize(samples, failures, concurrency=concurrency, window=window,
-                     per_request=per_request, sent=sent_in_window)
+                     per_request=per_request, sent=offered.sent)
+
+
+def _sample(shot: Shot) -> tuple[float, dict[str, float], int | None, str]:
+    """(client latency ms, Server-Timing stages, batch size in requests, arm) of a 200."""
+    stages, batch = parse_server_timing(shot.headers.get("server-timing", ""))
+    return shot.latency_s * 1000, stages, batch, shot.headers.get("x-canary-arm", "")
 
 
 def summarize(samples, failures: Counter, *, concurrency: int, window: float,

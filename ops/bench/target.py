@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import httpx
 
 from ops.bench.endtoend import BenchError
+from ops.load.processes import REPLICA_TITLE, cpu_seconds, rss_mib, titled
 from rollout import BUCKETS, Rollout, RolloutError, Settings, open_store
 from serve.ray_env import free_port
 
@@ -155,13 +156,9 @@ def process_memory(app: str | None) -> dict[str, float]:
     """RSS in MiB of the Serve replicas of application `app` (any application's replicas when
     None) on this machine, by process title and pid. Proxy and controller processes are left
     out: on a shared machine they cannot be told apart from other clusters'."""
-    from ops.loadtest import rss_mib, serve_processes
-
-    prefix = f"ray::ServeReplica:{app}:" if app else "ray::ServeReplica:"
+    prefix = f"{REPLICA_TITLE}{app}:" if app else REPLICA_TITLE
     found = {}
-    for pid, name in serve_processes().items():
-        if not name.startswith(prefix):
-            continue
+    for pid, name in titled(prefix).items():
         value = rss_mib(pid)
         if value is not None:
             found[f"{name}[{pid}]"] = round(value, 1)
@@ -172,14 +169,10 @@ def replica_cpu_s(app: str | None) -> dict[str, float]:
     """CPU seconds (user + system) used so far by each deployment's replicas of application
     `app` on this machine, by deployment name: what a request costs, measured in a way other
     load on a shared machine barely disturbs. Empty without `app` (a gateway given by URL)."""
-    from ops.loadtest import serve_processes
-    from ops.overhead import cpu_seconds
-
     if not app:
         return {}
-    prefix = f"ray::ServeReplica:{app}:"
+    prefix = f"{REPLICA_TITLE}{app}:"
     found: dict[str, list[int]] = {}
-    for pid, name in serve_processes().items():
-        if name.startswith(prefix):
-            found.setdefault(name[len(prefix):].split(".")[0], []).append(pid)
+    for pid, name in titled(prefix).items():
+        found.setdefault(name[len(prefix):].split(".")[0], []).append(pid)
     return {deployment: cpu_seconds(pids) for deployment, pids in found.items()}

@@ -24,16 +24,8 @@ import time
 from ops.cli.types import bounded_int, percent, positive_float, seconds
 from ops.drill.client import DrillError, Target
 from ops.drill.goals import Goal, Report, median
-from ops.drill.load import (
-    LoopLag,
-    Sender,
-    Shot,
-    as_operator,
-    batch_bodies,
-    closed_loop,
-    make_texts,
-)
 from ops.drill.memory import replica_rss, watch_rss
+from ops.drill.niceness import as_operator
 from ops.drill.operator_side import Cli, canary_at, kill_restored
 from ops.drill.overload import (
     add_measure_arguments,
@@ -43,6 +35,8 @@ from ops.drill.overload import (
     measure,
     phase_figures,
 )
+from ops.drill.texts import batch_bodies, make_texts
+from ops.load import LoopLag, Sender, Shot, closed_loop
 
 NAME = "burst"
 HELP = "200 clients of 32 long texts at canary 50 %%: goodput, recovery, replica memory, kill time"
@@ -122,8 +116,8 @@ async def _burst(report, target, cli, sender, fire, probe, capacity, unloaded_p9
         kills = (as_operator(_KillTimer, cli, args.kills, args.duration) if args.kill_during
                  else None)
         try:
-            loop = closed_loop(_backing_off(fire, args.retry_after), shots,
-                               concurrency=args.clients, duration_s=args.duration)
+            loop = closed_loop(fire, shots, concurrency=args.clients, duration_s=args.duration,
+                               backoff=_backing_off(args.retry_after))
             async with LoopLag() as lag:
                 figures, recovery, offered, rss = await _run_burst(loop, shots, probe,
                                                                    rss_before, args)
@@ -140,18 +134,9 @@ async def _burst(report, target, cli, sender, fire, probe, capacity, unloaded_p9
         _kills(report, kills, offered.started + args.duration)
 
 
-def _backing_off(fire, retry_after_s: float):
-    """`fire`, then, after a 503, the client's wait before its next request (not timed)."""
-    if retry_after_s <= 0:
-        return fire
-
-    async def backing_off(n: int) -> Shot:
-        shot = await fire(n)
-        if shot.status == 503:
-            await asyncio.sleep(retry_after_s)
-        return shot
-
-    return backing_off
+def _backing_off(retry_after_s: float):
+    """The client's wait after a 503 before its next request (not timed): `--retry-after`."""
+    return lambda shot: retry_after_s if shot.status == 503 else 0.0
 
 
 async def _run_burst(loop, shots, probe, rss_before, args):

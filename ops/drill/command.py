@@ -36,7 +36,7 @@ from ops.cli.types import niceness
 from ops.drill import burst, headers, kill_latency, overload, slow
 from ops.drill.client import DrillError, Target
 from ops.drill.goals import Report, format_report, summary_table
-from ops.drill.load import Niceness, apply_niceness, operator_thread, start_operator_thread
+from ops.drill.niceness import Niceness, apply_niceness, operator_thread, start_operator_thread
 
 PROG = "python -m ops.drill"
 DEFAULT_URL = "http://127.0.0.1:8000"

@@ -1,7 +1,7 @@
 """The model replicas' resident memory on this machine, and whether it came back after a burst.
 
 Replicas are found by process title (`ray::ServeReplica:<app>:<deployment>`) through
-`ops.loadtest.serve_processes`; the model deployments are the ones whose name contains
+`ops.load.processes.serve_processes`; the model deployments are the ones whose name contains
 `baseline` or `optimized`. Other Ray clusters on the same machine (a test run) have replicas of
 the same names: pass the Serve application's name to count only the drilled gateway's.
 """
@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from ops.loadtest import rss_mib, serve_processes
+from ops.load.processes import rss_mib, serve_processes
 
 MODEL_DEPLOYMENTS = ("baseline", "optimized")
 

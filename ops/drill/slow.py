@@ -22,7 +22,8 @@ import httpx
 from ops.cli.types import bounded_int, seconds
 from ops.drill.client import SlowResult, Target, counter_by, counter_delta, slow_upload
 from ops.drill.goals import Goal, Report, pct, ratio, share
-from ops.drill.load import Sender, measure_closed, short_body
+from ops.drill.texts import short_body
+from ops.load import Sender, measure_closed
 from rollout.settings import Settings
 
 NAME = "slow-bodies"

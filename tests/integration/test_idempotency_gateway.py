@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ops.loadtest import main as loadtest
+from ops.load.loadtest import main as loadtest
 
 pytestmark = pytest.mark.integration
 

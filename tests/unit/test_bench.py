@@ -2,6 +2,7 @@
 Server-Timing parser, and its answers to bad input (no Ray, no Redis)."""
 
 import json
+import threading
 from collections import Counter
 
 import pytest
@@ -140,15 +141,47 @@ def test_render_rewrites_the_reports_from_json(inprocess, tmp_path, capsys):
     assert "cannot render" in capsys.readouterr().err
 
 
-def test_a_shed_request_waits_its_retry_after_and_no_longer_than_the_run():
-    import httpx
+def _loopback(reply: bytes):
+    """A loopback HTTP/1.1 server in a thread of its own answering every request with `reply`;
+    its URL, and a function that stops it."""
+    import socketserver
 
-    def answer(status, **headers):
-        return httpx.Response(status, headers=headers)
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            while head := self.rfile.readline():
+                length = 0
+                while head not in (b"\r\n", b""):
+                    if head.lower().startswith(b"content-length:"):
+                        length = int(head.split(b":")[1])
+                    head = self.rfile.readline()
+                self.rfile.read(length)
+                self.wfile.write(reply)
 
-    assert endtoend.retry_after(answer(503, **{"Retry-After": "1"}), remaining=5.0) == 1.0
-    assert endtoend.retry_after(answer(503, **{"Retry-After": "3"}), remaining=0.5) == 0.5
-    assert endtoend.retry_after(answer(503, **{"Retry-After": "3"}), remaining=-1.0) == 0.0
-    assert endtoend.retry_after(answer(503), remaining=5.0) == 0.0  # none given: at once
-    assert endtoend.retry_after(answer(503, **{"Retry-After": "soon"}), remaining=5.0) == 0.0
-    assert endtoend.retry_after(answer(504, **{"Retry-After": "1"}), remaining=5.0) == 0.0
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server.shutdown
+
+
+def test_a_level_reads_server_timing_and_the_arm_from_each_answer():
+    url, stop = _loopback(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Canary-Arm: baseline\r\n"
+                          b"Server-Timing: queue;dur=1.5, total;dur=2.0, "
+                          b'batch;desc="requests=2 items=2"\r\n\r\n{}')
+    try:
+        level = endtoend.load(url, ["a", "b"], 2, seconds=0.3, warmup=0.1, per_request=2)
+    finally:
+        stop()
+    assert level["ok"] == level["sent"] > 0 and level["failed"] == {}
+    assert level["arms"] == {"baseline": level["ok"]} and level["stages_ms"]["queue"] == 1.5
+    assert level["batch_requests"] == {"2": level["ok"]} and level["inputs_per_request"] == 2
+
+
+def test_a_shed_level_waits_its_retry_after_and_counts_the_refusals():
+    url, stop = _loopback(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n"
+                          b"Retry-After: 5\r\n\r\n{}")
+    try:
+        level = endtoend.load(url, ["a"], 3, seconds=0.5, warmup=0.0)
+    finally:
+        stop()
+    # each worker was refused once and waited the Retry-After to the end of the run
+    assert level["sent"] == 3 and level["failed"] == {"503": 3} and level["ok"] == 0

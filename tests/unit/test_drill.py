@@ -30,27 +30,23 @@ from ops.drill.client import (
 )
 from ops.drill.goals import Goal, Report, format_report, median, pct, ratio, share, summary_table
 from ops.drill.headers import cases
-from ops.drill.load import (
+from ops.drill.memory import growth_pct, watch_rss
+from ops.drill.niceness import Niceness, apply_niceness
+from ops.drill.overload import pick_capacity
+from ops.drill.texts import batch_bodies, make_texts, small_probe
+from ops.load import (
     BadResponse,
     LoopLag,
-    Niceness,
     Sender,
     Shot,
-    apply_niceness,
-    batch_bodies,
     bucket,
     closed_loop,
-    make_texts,
     open_loop,
     parse_head,
-    pick_capacity,
     recovery_time,
-    serve_niceness,
-    small_probe,
-    stat_niceness,
     summarize,
 )
-from ops.drill.memory import growth_pct, watch_rss
+from ops.load.processes import serve_niceness, stat_niceness
 
 
 class FakeClock:
@@ -602,8 +598,9 @@ def test_overload_goals_follow_the_factor_and_the_deadline():
 
 def test_response_heads():
     assert parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n") == (200, 12, False,
-                                                                                False)
-    assert parse_head(b"HTTP/1.1 503\r\nconnection: Close\r\n\r\n") == (503, None, False, True)
+                                                                                False, {})
+    assert parse_head(b"HTTP/1.1 503\r\nconnection: Close\r\n\r\n") == (503, None, False, True,
+                                                                              {})
     assert parse_head(b"HTTP/1.0 200 OK\r\n\r\n")[3] is True
     assert parse_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n")[3] is False
     assert parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")[2]
@@ -697,7 +694,7 @@ def test_apply_niceness_reaches_the_replicas_or_what_was_asked():
 def test_the_operator_thread_keeps_the_niceness_the_drill_started_with():
     code = """if True:
         import os, subprocess, sys, threading
-        from ops.drill import load
+        from ops.drill import niceness as load
         operator = load.start_operator_thread()
         start = os.nice(0)
         os.nice(3)

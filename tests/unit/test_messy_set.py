@@ -1,4 +1,4 @@
-"""The held-out messy-inputs set (ops.make_messy_set): deterministic, varied, unlike the
+"""The held-out messy-inputs set (ops.generate.messy_set): deterministic, varied, unlike the
 shipped regression set, loadable by `rollout verify`, and a CLI that fails clearly."""
 
 import json
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from ops import make_messy_set as messy
-from ops import make_regression_set as shipped
+from ops.generate import messy_set as messy
+from ops.generate import regression_set as shipped
 from rollout.settings import DEFAULT_LABELS, Settings
 from serve.regression import DEFAULT_SET, load_set
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from ops.make_regression_set import OUTPUT, generate, render
+from ops.generate.regression_set import OUTPUT, generate, render
 from rollout.settings import DEFAULT_LABELS
 from serve.regression import DEFAULT_SET, RegressionSetError, load_set
 

@@ -1,6 +1,6 @@
 """The ramp's agreement gate looked at every few seconds (issue 14, item 7): simulated ramps
 for its false-pass rate, the step-long sample it judges, and the `min_margin` of the confident
-flip gate. Seeded, pure Python (ops.gate_sim); no Redis, no Ray."""
+flip gate. Seeded, pure Python (ops.bench.gate_sim); no Redis, no Ray."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ import statistics
 
 import pytest
 
-from ops import gate_sim
-from ops.gate_sim import Scenario, new_gate, pairs_to_pass, pass_rate, simulate_looks, wilson_gate
+from ops.bench import gate_sim
+from ops.bench.gate_sim import (
+    Scenario,
+    new_gate,
+    pairs_to_pass,
+    pass_rate,
+    simulate_looks,
+    wilson_gate,
+)
 from rollout.agreement import agreement_cs
 from rollout.ramp import PlanError, WindowsMetrics, parse_plan
 from rollout.shadow import PairOutcome, ShadowItem, merge_shadow, shadow_fields

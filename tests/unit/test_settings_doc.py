@@ -1,4 +1,5 @@
-"""docs/settings.md's table is generated from the settings' descriptions (ops.settings_doc)."""
+"""docs/settings.md's table is generated from the settings' descriptions
+(ops.generate.settings_doc)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import difflib
 
 import pytest
 
-from ops import settings_doc
+from ops.generate import settings_doc
 from rollout import Settings
 from rollout.settings import SETTING_GROUPS
 
@@ -17,7 +18,7 @@ def test_the_documented_table_is_the_generated_one():
 
     diff = "".join(difflib.unified_diff(page.splitlines(keepends=True),
                                         wanted.splitlines(keepends=True)))
-    assert page == wanted, f"run python -m ops.settings_doc:\n{diff}"
+    assert page == wanted, f"run python -m ops.generate.settings_doc:\n{diff}"
 
 
 def test_every_setting_has_a_row_under_its_group():
@@ -76,7 +77,7 @@ def test_check_exits_1_with_a_diff_and_the_command_rewrites_the_page(tmp_path, c
     assert settings_doc.main(["--check", "--page", str(page)]) == 1
     out = capsys.readouterr()
     assert "-| old | table |" in out.out and "+| `REDIS_URL`" in out.out
-    assert "python -m ops.settings_doc" in out.err
+    assert "python -m ops.generate.settings_doc" in out.err
     assert page.read_text(encoding="utf-8") == PAGE  # --check writes nothing
 
     assert settings_doc.main(["--page", str(page)]) == 0

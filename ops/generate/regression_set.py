@@ -1,7 +1,7 @@
 """Generate the default regression set, `serve/data/regression.jsonl`, deterministically.
 
-    python -m ops.make_regression_set            # rewrite the shipped file
-    python -m ops.make_regression_set --check    # exit 1 when the shipped file is out of date
+    python -m ops.generate.regression_set            # rewrite the shipped file
+    python -m ops.generate.regression_set --check    # exit 1 when the shipped file is out of date
 
 One JSON object per line: `text` (required), `label` (optional: one of the default zero-shot
 labels, when the text was written about that topic), and `kind` (which family below made it;
@@ -20,7 +20,7 @@ import random
 import sys
 from pathlib import Path
 
-OUTPUT = Path(__file__).resolve().parents[1] / "serve" / "data" / "regression.jsonl"
+OUTPUT = Path(__file__).resolve().parents[2] / "serve" / "data" / "regression.jsonl"
 SEED = 20240611
 
 TOPICS = {
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
         if current != text:
             print(
-                f"{args.output} is out of date: run python -m ops.make_regression_set",
+                f"{args.output} is out of date: run python -m ops.generate.regression_set",
                 file=sys.stderr,
             )
             return 1

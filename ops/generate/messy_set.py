@@ -1,7 +1,7 @@
 """Generate a held-out set of messy inputs, unlike the shipped regression set (issue 13).
 
-    python -m ops.make_messy_set --out messy.jsonl                  # 1200 inputs, default seed
-    python -m ops.make_messy_set --out messy.jsonl --count 300 --seed 7
+    python -m ops.generate.messy_set --out messy.jsonl                  # 1200 inputs, default seed
+    python -m ops.generate.messy_set --out messy.jsonl --count 300 --seed 7
     rollout verify --set messy.jsonl --no-speed --no-store          # judge both arms on it
 
 One JSON object per line: `text` and `kind` (the family below that made it), no `label`: the
@@ -12,7 +12,7 @@ salad; mixed scripts (Latin with Cyrillic, Greek, CJK, Arabic or Devanagari frag
 look-alike letters inside Latin words); code snippets, JSON fragments and URLs; log lines and
 stack traces; very short inputs (one to three tokens); long rambling texts, some past the
 256-token truncation limit; shouting in capitals with repeated characters. None of its
-vocabulary, emoji or templates comes from `ops.make_regression_set`, and its default seed is
+vocabulary, emoji or templates comes from `ops.generate.regression_set`, and its default seed is
 another, so no text is shared with `serve/data/regression.jsonl`. Everything comes from one
 seeded `random.Random` and the file is written with `\\n` line ends as UTF-8, so it is the same
 on every machine and Python 3.11+. Each text stays under the gateway's default
@@ -342,7 +342,7 @@ def render(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ops.make_messy_set", description=__doc__.splitlines()[0],
+        prog="python -m ops.generate.messy_set", description=__doc__.splitlines()[0],
         epilog="Then: rollout verify --set PATH --no-speed --no-store",
     )
     parser.add_argument("--out", type=Path, required=True, help="the JSONL file to write")

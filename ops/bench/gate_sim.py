@@ -1,8 +1,8 @@
 """Simulated ramps for the agreement gate: how often does it pass a canary that is truly below
 its threshold, when it is looked at every few seconds for a whole step? (issue 14, item 7)
 
-    python -m ops.gate_sim                       # 1,000 ramps per true agreement, seed 14
-    python -m ops.gate_sim --ramps 400 --seed 1
+    python -m ops.bench.gate_sim                       # 1,000 ramps per true agreement, seed 14
+    python -m ops.bench.gate_sim --ramps 400 --seed 1
 
 One simulated ramp is one step of `--duration-s` seconds: shadow pairs arrive at a steady rate
 drawn per ramp from `--rate` pairs/s, each agreeing with probability `true agreement`
@@ -205,7 +205,7 @@ def report(scenario: Scenario, agreements: Sequence[float], good: float, ramps: 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ops.gate_sim",
+        prog="python -m ops.bench.gate_sim",
         description="Simulate ramps and print the false-pass rate of the old (Wilson at every "
                     "look) and the new (anytime-valid confidence sequence) agreement gate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -1,8 +1,10 @@
 """Measure what telemetry costs: throughput and latency with telemetry on against off, side by
 side in one run.
 
-    python -m ops.overhead local [--rounds 6] [--seconds 8] [--workers 8] [--model-path DIR] [--aa]
-    python -m ops.overhead urls --on http://host:8000 --off http://host:8001 [...]
+    python -m ops.bench.overhead local [--rounds 6] [--seconds 8] [--workers 8] [--aa]
+    python -m ops.bench.overhead urls --on http://host:8000 --off http://host:8001 [...]
+
+(`python -m ops.bench.overhead`, its name before ops.bench, still runs it.)
 
 `local` starts a local Ray Serve with two copies of the application on one HTTP port, `/a` and
 `/b`, with the settings from the environment, telemetry on in one copy and off in the other, and
@@ -12,96 +14,52 @@ floor of the method. `urls` drives two gateways you started yourself.
 
 Either way the load alternates between the two sides in rounds (on, off, off, on, ...), so both
 see the same machine; each round is a closed loop of `--workers` clients sending one-text
-predictions for `--seconds`, after an unmeasured warm-up. It prints requests per second and
-p50 / p99 latency per side and the overhead in percent, pooled over all rounds and as the median
-over rounds of each "on" round against the "off" round next to it. `local` also reports the CPU
-time the replicas (gateway and models, from /proc) spent per request, the measure least
-disturbed by other load on a shared machine.
+predictions for `--seconds`, after an unmeasured warm-up. It prints requests per second and p50
+/ p99 latency per side (the load is ops.load's closed loop and client) and the overhead in
+percent, pooled over all rounds and as the median over rounds of each "on" round against the
+"off" round next to it. `local` also reports the CPU time the replicas (gateway and models,
+from /proc) spent per request, the measure least disturbed by other load on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import asyncio
+import json
 import statistics
 import sys
-import threading
-import time
 
-import httpx
-
+from ops.load import Sender, Shot, closed_loop, drain
+from ops.load.processes import cpu_seconds, replica_pids
 from serve.ray_env import free_port
 
 TEXTS = ["The new GPU doubles inference speed", "A late goal decides the derby",
          "Parliament passes the budget", "Shares fall after the earnings call"]
+BODIES = [json.dumps({"inputs": [text]}).encode() for text in TEXTS]
 
 
 def run_round(url: str, seconds: float, workers: int) -> tuple[int, list[float], int]:
-    """A closed loop for `seconds`: (answered requests, their latencies in ms, errors)."""
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    stop = time.monotonic() + seconds
+    """A closed loop for `seconds` (ops.load): (answered requests, their latencies in ms,
+    errors)."""
+    async def load() -> list[Shot]:
+        sender = Sender(url, timeout_s=30, connections=workers)
+        shots: list[Shot] = []
+        try:
+            offered = await closed_loop(lambda n: sender(BODIES[n % len(BODIES)], f"w{n}"),
+                                        shots, concurrency=workers, duration_s=seconds)
+            await drain(offered)
+        finally:
+            await sender.aclose()
+        return shots
 
-    def worker(n: int) -> None:
-        mine, failed, i = [], 0, 0
-        with httpx.Client(base_url=url, timeout=30) as client:
-            while time.monotonic() < stop:
-                i += 1
-                sent = time.perf_counter()
-                try:
-                    response = client.post("/v1/predict", json={"inputs": [TEXTS[i % 4]]},
-                                           headers={"X-Routing-Key": f"w{n}-{i}"})
-                    ok = response.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    mine.append((time.perf_counter() - sent) * 1000)
-                else:
-                    failed += 1
-        with lock:
-            latencies.extend(mine)
-            errors[0] += failed
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return len(latencies), latencies, errors[0]
+    shots = asyncio.run(load())
+    latencies = [s.latency_s * 1000 for s in shots if s.status == 200]
+    return len(latencies), latencies, len(shots) - len(latencies)
 
 
 def _q(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))] if ordered else float("nan")
-
-
-def replica_pids(app: str) -> list[int]:
-    """The processes of a Serve application's replicas on this machine (by process title)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    title = handle.read().split(b"\0")[0].decode(errors="replace")
-            except OSError:
-                continue
-            if title.startswith(f"ray::ServeReplica:{app}:"):
-                pids.append(int(entry))
-    return pids
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User plus system CPU time of the processes so far."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def compare(phases, *, rounds: int, seconds: float, workers: int) -> dict:
@@ -193,7 +151,7 @@ def local_phases(model_path: str | None, same: bool = False):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.overhead", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6,
                         help="measured rounds per side and phase (local: two phases)")

@@ -8,7 +8,7 @@ namespace, deleted afterwards), then times, alternating round by round:
 - `warm`:  the same with the dashboard's step cache (a refresh: only the open step is read);
 - `arms`:  `Windows.arms(60)` (what `rollout status` reads), for scale.
 
-    python -m ops.bench_series --redis-url redis://127.0.0.1:6379/0 --rounds 10
+    python -m ops.bench.series_cost --redis-url redis://127.0.0.1:6379/0 --rounds 10
 """
 
 from __future__ import annotations
