@@ -8,6 +8,7 @@ must never be told to try again.
 
 from __future__ import annotations
 
+from rollout.change import KillSwitch, stamp
 from rollout.clock import Clock, SystemClock
 from rollout.errors import InvalidChange, RevisionConflict
 from rollout.header_routes import with_route, without_route
@@ -17,11 +18,12 @@ from rollout.store import StateStore
 
 __all__ = ["BIG_MOVE_BP", "DEPLOYMENT_TTL_S", "Rollout", "big_move"]
 
-_KILL_ATTEMPTS = 20
 DEPLOYMENT_TTL_S = 60.0  # a gateway report older than this no longer counts as live
 
 
-class Rollout:
+class Rollout(KillSwitch):
+    """The audited changes over a state store; `kill` and `unkill` are rollout.change's."""
+
     def __init__(self, store: StateStore, clock: Clock | None = None):
         self.store = store
         self.clock = clock or SystemClock()
@@ -30,19 +32,11 @@ class Rollout:
         return self.store.get()
 
     def _write(self, before: RolloutState, *, actor: str, action: str, reason: str, **changes):
-        actor, reason = actor.strip(), reason.strip()
-        if not actor:
-            raise InvalidChange("every change must name an actor")
-        if not reason:
-            raise InvalidChange("every change must give a reason")
-        after = before.model_copy(
-            update=dict(
-                changes, revision=before.revision + 1, updated_at=self.clock.time(),
-                updated_by=actor, reason=reason,
-            )
-        )
+        stamped = stamp(before, actor=actor, reason=reason, now=self.clock.time())
+        after = before.model_copy(update=dict(changes, **stamped))
         RolloutState.model_validate(after.model_dump())  # re-check field bounds
-        return self.store.compare_and_set(before, after, actor=actor, action=action, reason=reason)
+        return self.store.compare_and_set(before, after, actor=stamped["updated_by"],
+                                          action=action, reason=stamped["reason"])
 
     def set_canary(
         self, bp: int, *, actor: str, reason: str, expected_revision: int | None = None
@@ -117,30 +111,6 @@ class Rollout:
         routes, _ = without_route(before.routes, route_id.strip())
         return before, self._write(before, actor=actor, action="route-remove", reason=reason,
                                    routes=routes)
-
-    def kill(self, *, actor: str, reason: str) -> tuple[RolloutState, RolloutState]:
-        return self._retrying(actor=actor, reason=reason, action="kill", kill=True)
-
-    def unkill(
-        self, *, actor: str, reason: str, expected_revision: int | None = None
-    ) -> tuple[RolloutState, RolloutState]:
-        """Turn the kill switch off. With `expected_revision` (the state the operator confirmed)
-        it writes only on top of that revision; without, it retries through concurrent writes."""
-        if expected_revision is None:
-            return self._retrying(actor=actor, reason=reason, action="unkill", kill=False)
-        before = self.store.get()
-        if before.revision != expected_revision:
-            raise RevisionConflict(expected_revision, before.revision)
-        return before, self._write(before, actor=actor, reason=reason, action="unkill", kill=False)
-
-    def _retrying(self, **write) -> tuple[RolloutState, RolloutState]:
-        for _ in range(_KILL_ATTEMPTS):
-            before = self.store.get()
-            try:
-                return before, self._write(before, **write)
-            except RevisionConflict:
-                continue
-        raise RevisionConflict(before.revision, self.store.get().revision)
 
     def revert(
         self, revision: int, *, actor: str, reason: str, expected_revision: int | None = None

@@ -1,17 +1,21 @@
-"""The kill switch over a bare Redis connection: `rollout kill` / `unkill` without the full stack.
+"""The kill switch over a bare Redis connection: what `rollout kill` / `unkill` run.
 
-`QuickSwitch.kill` and `.unkill` are `rollout.control.Rollout.kill` and `.unkill` (same checks,
-same retries, same errors) on a `rollout.resp_client` connection, and write exactly what
-`RedisStateStore.compare_and_set` writes: the same script (rollout.redis_layout.CAS) checks the
-revision, stores the state and its history, appends the audit entry and notifies the gateways
-in one atomic step. The difference is the start-up: no pydantic and no redis-py, so a whole
-`rollout kill` takes about 0.08 s instead of 0.37 s, for the moment an operator needs the
-canary gone.
+`QuickSwitch` is `rollout.control.Rollout`'s kill switch on a `rollout.resp_client` connection:
+`kill` and `unkill` are the same code (rollout.change.KillSwitch: same checks, same retries, same
+errors), and a write is exactly what `RedisStateStore.compare_and_set` writes: the same script
+(rollout.redis_layout.CAS) checks the revision, stores the state and its history, appends the
+audit entry and notifies the gateways in one atomic step. The difference is the start-up: no
+pydantic and no redis-py to import (ops.cli.kill has the measurement).
 
 States are `SwitchState`s, plain dataclasses with `RolloutState`'s fields, read from and written
-as the JSON `RolloutState.model_dump_json()` writes (tests/unit/test_killswitch.py holds the two
-to each other). A stored state that is not exactly such a document raises `Unrecognised`, and
-the caller takes the full path, which validates it.
+as the JSON `RolloutState.model_dump_json()` writes (tests/unit/test_cli_kill.py holds the two to
+each other). A stored state that is not exactly such a document (written by hand, or by another
+tool) is read by `RolloutState` itself, imported for it: what pydantic accepts is written back in
+its canonical form, as `Rollout.kill` would; what it refuses raises its ValidationError, and the
+switch writes nothing.
+
+`RedisPyConnection` answers as a resp_client connection does, through redis-py: the transport for
+a Redis URL with an option resp_client does not implement (rollout.resp_client says which).
 """
 
 from __future__ import annotations
@@ -20,19 +24,18 @@ import json
 import time
 from dataclasses import asdict, dataclass, fields, replace
 
+from rollout.change import KillSwitch, stamp
 from rollout.clock import Clock, SystemClock
-from rollout.errors import InvalidChange, RevisionConflict
+from rollout.errors import RevisionConflict
 from rollout.redis_conn import Acknowledgement
 from rollout.redis_layout import CAS, Keys
-from rollout.resp_client import Connection
 from rollout.share import BUCKETS
 
-KILL_ATTEMPTS = 20  # as Rollout.kill: the kill switch retries through concurrent writes
 _TYPES = {"int": int, "bool": bool, "str": str, "float": float, "tuple": list}
 
 
 class Unrecognised(ValueError):
-    """The stored state is not a document this module reads exactly: use the full path."""
+    """The stored state is not a document SwitchState reads exactly: RolloutState reads it."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,17 @@ class SwitchState:
             raise Unrecognised("the stored state is out of bounds")
         return state
 
+    @classmethod
+    def read(cls, raw: str) -> SwitchState:
+        """A stored state: exactly as written here, else as RolloutState reads it (pydantic,
+        imported now; its ValidationError when it refuses the document)."""
+        try:
+            return cls.from_json(raw)
+        except (Unrecognised, ValueError):
+            from rollout.state import RolloutState
+
+            return cls.from_json(RolloutState.model_validate_json(raw).model_dump_json())
+
     def model_copy(self, *, update: dict) -> SwitchState:
         """A copy with `update` applied: the call RolloutState answers to, so that the CLI's
         handlers (ops.cli.kill) take either kind of state."""
@@ -88,14 +102,15 @@ class SwitchState:
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
 
 
-class QuickSwitch:
-    """The kill switch of one application, on an open connection.
+class QuickSwitch(KillSwitch):
+    """The kill switch of one application, on an open connection (anything with resp_client's
+    `call` and `script`).
 
     A write waits for `ack` (as the Redis store's do: `WAIT` on this connection); short of it,
     it asks again until `ack_until` (a monotonic deadline: the kill's retry budget), then raises
     NotAcknowledged, the write in effect on the primary."""
 
-    def __init__(self, conn: Connection, app: str, clock: Clock | None = None, *,
+    def __init__(self, conn, app: str, clock: Clock | None = None, *,
                  ack: Acknowledgement | None = None, ack_until: float | None = None):
         self.conn, self.keys = conn, Keys(app)
         self.clock = clock or SystemClock()
@@ -103,45 +118,18 @@ class QuickSwitch:
 
     def state(self) -> SwitchState:
         raw = self.conn.call("HGET", self.keys.state, "json")
-        return SwitchState.from_json(raw) if raw else SwitchState()
-
-    def kill(self, *, actor: str, reason: str) -> tuple[SwitchState, SwitchState]:
-        return self._retrying(actor=actor, reason=reason, action="kill", kill=True)
-
-    def unkill(self, *, actor: str, reason: str,
-               expected_revision: int | None = None) -> tuple[SwitchState, SwitchState]:
-        """As Rollout.unkill: with `expected_revision` it writes only on top of that revision."""
-        if expected_revision is None:
-            return self._retrying(actor=actor, reason=reason, action="unkill", kill=False)
-        before = self.state()
-        if before.revision != expected_revision:
-            raise RevisionConflict(expected_revision, before.revision)
-        return before, self._write(before, actor=actor, reason=reason, action="unkill",
-                                   kill=False)
-
-    def _retrying(self, **write) -> tuple[SwitchState, SwitchState]:
-        for _ in range(KILL_ATTEMPTS):
-            before = self.state()
-            try:
-                return before, self._write(before, **write)
-            except RevisionConflict:
-                continue
-        raise RevisionConflict(before.revision, self.state().revision)
+        return SwitchState.read(raw) if raw else SwitchState()
 
     def _write(self, before: SwitchState, *, actor: str, action: str, reason: str,
-               kill: bool) -> SwitchState:
-        actor, reason = actor.strip(), reason.strip()
-        if not actor:
-            raise InvalidChange("every change must name an actor")
-        if not reason:
-            raise InvalidChange("every change must give a reason")
-        after = replace(before, kill=kill, revision=before.revision + 1,
-                        updated_at=self.clock.time(), updated_by=actor, reason=reason)
+               **changes) -> SwitchState:
+        stamped = stamp(before, actor=actor, reason=reason, now=self.clock.time())
+        after = replace(before, **changes, **stamped)
         keys = self.keys
         ok, current = self.conn.script(
             CAS, [keys.state, keys.history, keys.audit],
-            [before.revision, after.revision, after.to_json(), repr(after.updated_at), actor,
-             action, reason, before.to_json() if before.revision else "", keys.changes])
+            [before.revision, after.revision, after.to_json(), repr(after.updated_at),
+             after.updated_by, action, after.reason, before.to_json() if before.revision else "",
+             keys.changes])
         if not ok:
             raise RevisionConflict(before.revision, int(current))
         if self.ack.replicas:
@@ -155,3 +143,34 @@ class QuickSwitch:
                     time.monotonic() >= self.ack_until):
                 self.ack.check(count, what)
                 return
+
+
+class RedisPyConnection:
+    """A redis-py client (rollout.redis_conn.open_client, imported now) with resp_client's
+    `call`, `script` and `close`; its errors as the Redis store reports them (StoreUnavailable,
+    PermissionDenied). For one Redis only: a sentinel URL's options are all resp_client's."""
+
+    def __init__(self, url: str, timeout_s: float):
+        from rollout.redis_conn import open_client
+
+        self.url, self.client = url, open_client(url, timeout_s=timeout_s)
+
+    def __enter__(self) -> RedisPyConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def call(self, *args):
+        return self._mapped(self.client.execute_command, *args)
+
+    def script(self, source: str, keys: list[str], args: list):
+        return self._mapped(self.client.register_script(source), keys=keys, args=args)
+
+    def _mapped(self, fn, *args, **kwargs):
+        from rollout.redis_store import call_redis
+
+        return call_redis(self.url, fn, *args, **kwargs)

@@ -1,16 +1,27 @@
 """A minimal Redis client: RESP2 over TCP, TLS or a Unix socket, standard library only.
 
-For the one path that cannot wait for redis-py's import (about 150 ms, most of it asyncio and
-OpenTelemetry's SDK): the CLI's kill switch (rollout.killswitch). Everything else uses redis-py.
+For the one command that cannot wait for redis-py's import (about 0.3 s on a 2-core machine,
+most of it redis.asyncio): `rollout kill` / `unkill` (rollout.killswitch). Everything else uses
+redis-py.
 
 It reads the URLs redis-py's `Redis.from_url` reads, for the options below, and connects as
-redis-py does (AUTH [username] password, then SELECT db; the same TLS context). A URL with any
-other option raises `Unsupported`: the caller then takes the redis-py path, so nothing is ever
-connected differently from it.
+redis-py does (AUTH [username] password, CLIENT SETNAME, then SELECT db; the same TLS context).
 
     redis://[[username]:password@]host[:port][/db]    rediss://...    unix:///path?db=N
-    query options: db, username, password, ssl_cert_reqs (none | optional | required),
+    query options: db, username, password, client_name, socket_timeout (each reply),
+                   socket_connect_timeout; ssl_cert_reqs (none | optional | required),
                    ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_check_hostname
+    accepted and ignored: max_connections, health_check_interval, timeout (a pool's: one
+                   connection, used once, has none to size, check or wait for) and
+                   socket_read_size (a buffer size)
+
+redis-py 8.1 reads 16 query options by name (`URL_QUERY_ARGUMENT_PARSERS`) and passes any other
+to its connection class as a string (about 25 more: ssl_ca_path, ssl_password, ssl_ciphers,
+ssl_min_version, the OCSP options, protocol, retry_on_timeout, lib_name...), and each release
+adds some. A URL with any option not listed above (or a value this client would read otherwise,
+such as a bad port) raises `Unsupported`, and the kill runs over redis-py instead
+(rollout.killswitch.RedisPyConnection, imported then): a URL is never connected differently
+from the gateway's, and never refused when redis-py takes it.
 
 and the Sentinel form as rollout.redis_conn reads it (`connect` takes either):
 
@@ -23,8 +34,10 @@ connects to the primary the first one that answers names, and checks that it say
 primary that cannot be reached, or an address that is not (yet) the primary, is an OSError: the
 caller may find the primary again and retry (`retryable`).
 
-Errors: `ReplyError` for an error reply (WRONGPASS, NOPERM, NOSCRIPT, ...); OSError (timeouts
-and TLS errors included) for the transport; `ProtocolError` for a reply it cannot read.
+Errors: `ReplyError` for an error reply (WRONGPASS, NOPERM, NOSCRIPT, ...; `AuthError` when
+the credentials are refused); OSError (timeouts and TLS errors included) for the transport;
+`ProtocolError` for a reply it cannot read. `rollout_error` turns them into the rollout's errors
+as the Redis store reports redis-py's (StoreUnavailable, PermissionDenied).
 """
 
 from __future__ import annotations
@@ -35,10 +48,15 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlparse
 
-from rollout.redis_conn import FALSE_WORDS, SentinelURL, is_sentinel, parse_sentinel_url
+from rollout.errors import PermissionDenied, StoreUnavailable
+from rollout.redis_conn import FALSE_WORDS, SentinelURL, is_sentinel, parse_sentinel_url, redact_url
 
-_OPTIONS = {"db", "username", "password", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
+OPTIONS = {"db", "username", "password", "client_name", "socket_timeout",
+            "socket_connect_timeout", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
             "ssl_keyfile", "ssl_check_hostname"}
+# accepted and ignored, each with redis-py's parser: a value it refuses is still its to report
+IGNORED_OPTIONS = {"max_connections": int, "health_check_interval": int, "timeout": float,
+            "socket_read_size": int}
 
 
 class Unsupported(ValueError):
@@ -47,6 +65,10 @@ class Unsupported(ValueError):
 
 class ReplyError(Exception):
     """Redis answered with an error."""
+
+
+class AuthError(ReplyError):
+    """Redis refused the credentials (WRONGPASS, NOAUTH, or an AUTH it could not take)."""
 
 
 class ProtocolError(Exception):
@@ -85,6 +107,9 @@ class Address:
     certfile: str | None = None
     keyfile: str | None = None
     check_hostname: bool = True
+    client_name: str | None = None
+    read_timeout_s: float | None = None  # None: the caller's timeout
+    connect_timeout_s: float | None = None
 
 
 def parse_url(url: str) -> Address:
@@ -94,12 +119,15 @@ def parse_url(url: str) -> Address:
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise Unsupported(f"scheme {parts.scheme!r}")
         query = {name: values[0] for name, values in parse_qs(parts.query).items() if values}
-        unknown = set(query) - _OPTIONS
+        unknown = set(query) - OPTIONS - set(IGNORED_OPTIONS)
         if unknown:
             raise Unsupported(f"URL options {sorted(unknown)}")
-        fields: dict = {}
-        if "db" in query:
-            fields["db"] = int(query["db"])
+        for option, parse in IGNORED_OPTIONS.items():
+            if option in query:
+                parse(query[option])
+        fields: dict = _numbers(query)
+        if "client_name" in query:
+            fields["client_name"] = query["client_name"]
         username = unquote(parts.username) if parts.username else query.get("username")
         password = unquote(parts.password) if parts.password else query.get("password")
         if username and not password:
@@ -126,6 +154,21 @@ def parse_url(url: str) -> Address:
         raise Unsupported(str(exc)) from None
 
 
+def _numbers(query: dict[str, str]) -> dict:
+    """db and the socket timeouts (ValueError for a value redis-py would read otherwise)."""
+    fields: dict = {}
+    if "db" in query:
+        fields["db"] = int(query["db"])
+    for option, name in (("socket_timeout", "read_timeout_s"),
+                         ("socket_connect_timeout", "connect_timeout_s")):
+        if option in query:
+            seconds = float(query[option])
+            if not 0 < seconds < float("inf"):
+                raise ValueError(f"{option}={query[option]!r}")
+            fields[name] = seconds
+    return fields
+
+
 def _tls(query: dict[str, str]) -> dict:
     reqs = query.get("ssl_cert_reqs", "required")
     if reqs not in ("none", "optional", "required"):
@@ -140,18 +183,28 @@ class Connection:
     """One connection, authenticated and on its database; a context manager."""
 
     def __init__(self, address: Address, timeout_s: float):
-        self._sock = _open(address, timeout_s)
+        self._sock = _open(address, address.connect_timeout_s or timeout_s)
+        self._sock.settimeout(address.read_timeout_s or timeout_s)
         self._file = self._sock.makefile("rb")
         try:
             if address.password:
-                creds = [address.username] if address.username else []
-                if self.call("AUTH", *creds, address.password) != "OK":
-                    raise ReplyError("AUTH was not accepted")
+                self._auth(address)
+            if address.client_name and self.call("CLIENT", "SETNAME",
+                                                 address.client_name) != "OK":
+                raise ReplyError("CLIENT SETNAME was not accepted")
             if address.db and self.call("SELECT", address.db) != "OK":
                 raise ReplyError(f"SELECT {address.db} was not accepted")
         except BaseException:
             self.close()
             raise
+
+    def _auth(self, address: Address) -> None:
+        creds = [address.username] if address.username else []
+        try:
+            if self.call("AUTH", *creds, address.password) != "OK":
+                raise AuthError("AUTH was not accepted")
+        except ReplyError as exc:
+            raise AuthError(str(exc)) from None
 
     def __enter__(self) -> Connection:
         return self
@@ -189,7 +242,8 @@ class Connection:
         if kind == b"+":
             return body.decode()
         if kind == b"-":
-            raise ReplyError(body.decode(errors="replace"))
+            text = body.decode(errors="replace")
+            raise (AuthError if text.startswith(("NOAUTH", "WRONGPASS")) else ReplyError)(text)
         if kind == b":":
             return int(body)
         if kind == b"$":
@@ -305,3 +359,20 @@ def _command(args) -> bytes:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
+
+
+def rollout_error(exc: BaseException, url: str) -> BaseException:
+    """`exc` as the rollout's error, as rollout.redis_store reports redis-py's (the URL's
+    password redacted): refused credentials, the transport or a failover reply is
+    StoreUnavailable (transient unless the credentials were refused), NOPERM PermissionDenied;
+    anything else is returned as it is."""
+    safe = redact_url(url)
+    if isinstance(exc, ReplyError) and str(exc).startswith("NOPERM"):
+        return PermissionDenied(f"Redis at {safe} refused: {str(exc).partition(' ')[2]}")
+    if isinstance(exc, AuthError):
+        error = StoreUnavailable(f"cannot reach Redis at {safe}: AuthenticationError: {exc}")
+        error.transient = False
+        return error
+    if retryable(exc):
+        return StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
+    return exc

@@ -23,6 +23,7 @@ from typing import Annotated, Literal, Self
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from rollout import kill_settings as kill
 from rollout.agreement import CONFIDENT_MARGIN
 from rollout.redis_conn import Acknowledgement, acknowledgement_for, check_url
 
@@ -51,8 +52,10 @@ class StateSettings(BaseSettings):
 
     model_config = CONFIG
 
+    # the settings `rollout kill` reads take their defaults and bounds from
+    # rollout.kill_settings, which reads them without pydantic
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0",
+        kill.REDIS_URL,
         validation_alias=AliasChoices("REDIS_URL", "CANARY_REDIS_URL", "redis_url"),
         description="Redis with the rollout state, audit log and change channel (`redis://`, "
         "`rediss://` or `unix://`; user and password in the URL), or Redis Sentinel: "
@@ -73,24 +76,28 @@ class StateSettings(BaseSettings):
         "is honoured",
     )
     app_name: str = Field(
-        "default", description="namespace of this application's Redis keys (`rollout:<app>:...`): "
-        "1-64 letters, digits, `_`, `.` or `-`"
+        kill.APP_NAME, description="namespace of this application's Redis keys "
+        "(`rollout:<app>:...`): 1-64 letters, digits, `_`, `.` or `-`"
     )
     redis_timeout_s: float = Field(
-        2.0, gt=0, le=30, description="connect and command timeout towards Redis"
+        kill.REDIS_TIMEOUT_S.default, **kill.REDIS_TIMEOUT_S.bounds,
+        description="connect and command timeout towards Redis"
     )
     redis_wait_replicas: int | None = Field(
-        None, ge=0, le=16, description="replicas that must acknowledge (`WAIT`) a share change, "
+        kill.REDIS_WAIT_REPLICAS.default, **kill.REDIS_WAIT_REPLICAS.bounds,
+        description="replicas that must acknowledge (`WAIT`) a share change, "
         "kill, unkill, audit entry or ramp write before it is reported done; fewer in time is "
         "an error (the change is in effect but may not survive a failover); none: 1 with a "
         "Sentinel URL, 0 (no `WAIT`) with one Redis"
     )
     redis_wait_timeout_ms: int = Field(
-        1000, ge=1, le=60_000, description="how long a write waits for its replicas' "
+        kill.REDIS_WAIT_TIMEOUT_MS.default, **kill.REDIS_WAIT_TIMEOUT_MS.bounds,
+        description="how long a write waits for its replicas' "
         "acknowledgement (`CANARY_REDIS_WAIT_REPLICAS`)"
     )
     kill_retry_s: float = Field(
-        30.0, ge=0, le=600, description="with a Sentinel URL: how long `rollout kill` keeps "
+        kill.KILL_RETRY_S.default, **kill.KILL_RETRY_S.bounds,
+        description="with a Sentinel URL: how long `rollout kill` keeps "
         "retrying (finding the new primary) while Redis fails over, counted from the command's "
         "start; 0: one attempt. One Redis: no retry"
     )
@@ -109,9 +116,7 @@ class StateSettings(BaseSettings):
     @field_validator("app_name")
     @classmethod
     def _app_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
-            raise ValueError("app_name: 1-64 letters, digits, '_', '.' or '-'")
-        return value
+        return kill.check_app_name(value)
 
     @field_validator("redis_url", "control_redis_url")
     @classmethod

@@ -20,19 +20,21 @@ switch is the exception: it never asks and always wins.
 
 The command imports only the `rollout` package (no Ray, torch or HTTP), so it answers at once;
 `verify` alone imports torch and transformers (ops.verify.runner), when it runs. `kill` and `unkill`
-first try a fast path (ops.cli.kill) that imports neither pydantic nor redis-py and returns in
-a few tens of milliseconds; whatever it cannot do (an error to report, a question to ask) the
-full path (ops.cli.commands) does, from the start.
+import neither pydantic nor redis-py either: they run on their own, lighter stack (ops.cli.kill,
+which says why and how long they take); every other command runs in ops.cli.commands.
 The argparse value types of this and every other ops command are ops.cli.types.
 Exit codes: 0 done, 1 store unavailable, conflict or aborted, 2 invalid usage or input, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import IO
 
+from ops.cli import kill
 from ops.cli.args import build_parser
-from ops.cli.kill import quick
+from ops.cli.errors import fail
 
 __all__ = ["build_parser", "main"]
 
@@ -41,14 +43,20 @@ def main(argv=None, *, store=None, clock=None, stdin: IO[str] | None = None,
          stdout: IO[str] | None = None, stderr: IO[str] | None = None, telemetry=None,
          ramps=None) -> int:
     """Run one command and return its exit code. Tests inject the stores (state, telemetry,
-    ramp), clock and streams; without a store, Settings() and the Redis stores are built from
+    ramp), clock and streams; without a store, the settings and the Redis stores are read from
     the environment and flags."""
-    if store is None and clock is None and telemetry is None and ramps is None:
-        code = quick(argv, stdout=stdout, stderr=stderr)
-        if code is not None:
-            return code
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except (KeyboardInterrupt, Exception) as exc:  # a usage error: exit 2
+        return fail(exc, err, own_stdout=stdout is None)
+    if args.command in kill.HANDLERS:
+        return kill.run(args, store=store, clock=clock, stdin=stdin, stdout=stdout,
+                        stderr=stderr)
     from ops.cli.commands import run
 
-    return run(argv, store=store, clock=clock, stdin=stdin, stdout=stdout, stderr=stderr,
+    return run(args, store=store, clock=clock, stdin=stdin, stdout=stdout, stderr=stderr,
                telemetry=telemetry, ramps=ramps)
-

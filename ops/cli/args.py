@@ -13,13 +13,13 @@ import socket
 from typing import TYPE_CHECKING
 
 from ops.cli import flips, ramp, route
-from ops.cli.errors import UsageError
+from ops.cli.errors import PROG, UsageError
 from ops.cli.types import canary_percent, positive_int, text
 
 if TYPE_CHECKING:
     from rollout.settings import Settings
 
-PROG = "rollout"
+__all__ = ["PROG", "build_parser", "default_actor", "invalid_setting", "settings_from"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -238,12 +238,16 @@ def settings_from(args) -> Settings:
 
 
 def _setting_problem(error: dict) -> str:
-    """Which setting is bad and why, never its value (a Redis URL may carry a password)."""
     msg = error["msg"].removeprefix("Value error, ")
     if not error["loc"]:
         return f"invalid settings: {msg}"
-    field = str(error["loc"][0]).lower()
+    return invalid_setting(str(error["loc"][0]).lower(), msg)
+
+
+def invalid_setting(field: str, message: str) -> str:
+    """Which setting is bad and why, named by its variable (and flag), never its value (a Redis
+    URL may carry a password): every settings error of `rollout`, `kill`'s included."""
     name = {"redis_url": "REDIS_URL (--redis-url)", "app_name": "CANARY_APP_NAME (--app)"}.get(
         field, f"CANARY_{field.upper()}"
     )
-    return f"invalid setting {name}: {msg}"
+    return f"invalid setting {name}: {message}"

@@ -1,5 +1,5 @@
-"""The `rollout` command's full path: settings, stores, and one handler per command (see
-ops.cli for the commands, the exit codes and the fast path that `kill` and `unkill` try first).
+"""The `rollout` commands other than `kill` and `unkill` (ops.cli.kill): settings, stores, and
+one handler per command (see ops.cli for the commands and the exit codes).
 """
 
 from __future__ import annotations
@@ -7,15 +7,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from typing import IO
 
-from ops.cli import flips, kill, ramp, route
-from ops.cli.args import PROG, build_parser, settings_from
-from ops.cli.context import Ask, ChangeContext
-from ops.cli.errors import Aborted, NothingRecorded, UsageError, exit_for
+from ops.cli import flips, ramp, route
+from ops.cli.args import PROG, settings_from
+from ops.cli.context import Ask, ChangeContext, is_terminal
+from ops.cli.errors import NothingRecorded, UsageError, fail
 from ops.cli.format import (
     describe_change,
     gateway_rows,
@@ -29,7 +28,6 @@ from ops.cli.telemetry import arm_rows, efficiency_line, shadow_lines, trace_row
 from rollout import (
     Clock,
     Rollout,
-    RolloutState,
     Settings,
     StateStore,
     SystemClock,
@@ -38,7 +36,7 @@ from rollout import (
     open_store,
     open_telemetry,
 )
-from rollout.control import DEPLOYMENT_TTL_S, big_move
+from rollout.control import DEPLOYMENT_TTL_S
 from rollout.status import read_status
 
 # --- commands ---------------------------------------------------------------------------------
@@ -59,9 +57,6 @@ class _Context(ChangeContext):
     settings: Settings | None = None
     ramps: object | None = None  # the ramp store (rollout.ramp.RampStore), for `ramp`
 
-    def say(self, line: str) -> None:
-        self.out.write(line + "\n")
-
     def warn(self, line: str) -> None:
         self.err.write(f"{PROG}: warning: {line}\n")
 
@@ -69,21 +64,6 @@ class _Context(ChangeContext):
         """The settings the stores were opened with; with stores injected (tests), read from
         the flags and the environment."""
         return self.settings or settings_from(self.args)
-
-    def confirm(self, before: RolloutState, planned: RolloutState, question: str, what: str):
-        """Ask before a big move; refuse without a terminal unless --yes."""
-        if self.args.yes or not big_move(before, planned):
-            return
-        if not self.interactive:
-            raise UsageError(f"{what} needs confirmation: pass --yes to confirm "
-                             "(stdin is not a terminal)")
-        self.err.write(f"{question} [y/N] ")
-        self.err.flush()
-        answer = self.stdin.readline()
-        if not (answer.endswith("\n") and _isatty(self.stdin)):  # a terminal echoed the newline
-            self.err.write("\n")
-        if answer.strip().lower() not in ("y", "yes"):
-            raise Aborted()
 
 
 def _status(ctx: _Context) -> int:
@@ -224,30 +204,23 @@ def _ramp(ctx: _Context) -> int:
 
 
 _HANDLERS = {
-    "ramp": _ramp, "status": _status, "canary": _canary, "kill": kill.kill,
-    "unkill": kill.unkill,
-    "audit": _audit, "revert": _revert, "traces": _traces, "verify": _verify,
-    "route": route.run,
-    "flips": flips.run,
+    "ramp": _ramp, "status": _status, "canary": _canary, "audit": _audit, "revert": _revert,
+    "traces": _traces, "verify": _verify, "route": route.run, "flips": flips.run,
 }
 
 
 # --- entry point ------------------------------------------------------------------------------
 
 
-def run(argv=None, *, store: StateStore | None = None, clock: Clock | None = None,
-        stdin: IO[str] | None = None, stdout: IO[str] | None = None,
-        stderr: IO[str] | None = None, telemetry=None, ramps=None) -> int:
-    """Run one command and return its exit code (ops.cli.main, past its fast path)."""
+def run(args: argparse.Namespace, *, store: StateStore | None = None,
+        clock: Clock | None = None, stdin: IO[str] | None = None,
+        stdout: IO[str] | None = None, stderr: IO[str] | None = None, telemetry=None,
+        ramps=None) -> int:
+    """Run one command (`args` from ops.cli's parser) and return its exit code."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
-    interactive = stdin is not None or _isatty(sys.stdin)
+    interactive = stdin is not None or is_terminal(sys.stdin)
     opened = opened_telemetry = opened_ramps = None
     try:
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                args = build_parser().parse_args(argv)
-        except SystemExit as exc:  # --help
-            return exc.code if isinstance(exc.code, int) else 0
         where, app, settings = "", "default", None
         if store is None:
             settings = settings_from(args)
@@ -265,32 +238,13 @@ def run(argv=None, *, store: StateStore | None = None, clock: Clock | None = Non
         ctx = _Context(args, Rollout(store, clock), clock, out, err, stdin or sys.stdin,
                        interactive, where, telemetry, app, settings, ramps)
         return _HANDLERS[args.command](ctx)
-    except BrokenPipeError:  # e.g. `rollout audit | head -1`
-        if stdout is None:
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except (KeyboardInterrupt, Exception) as exc:  # one line and an exit code (ops.cli.errors)
-        code, message, prefix = exit_for(exc)
-        return _fail(err, message, code, prefix=prefix)
+        return fail(exc, err, own_stdout=stdout is None)
     finally:
         for resource in (opened, opened_telemetry, opened_ramps):
             if resource is not None:
                 with contextlib.suppress(Exception):
                     resource.close()
-
-
-def _fail(err: IO[str], message: str, code: int, prefix: str = "") -> int:
-    err.write(f"{prefix}{PROG}: {one_line(message)}\n")
-    err.flush()
-    return code
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream is not None and stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def _where(settings: Settings) -> str:

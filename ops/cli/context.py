@@ -1,18 +1,20 @@
-"""What a `rollout` command handler changes the rollout through, on either path: the full path's
-context (ops.cli.commands) and the kill fast path's (ops.cli.kill) both derive from it.
+"""What a `rollout` command handler changes the rollout through: the context of every command
+(ops.cli.commands) and of `kill` / `unkill` (ops.cli.kill) derive from it.
 
-Every change goes one way, `ctx.change(...)`: ask when it is a big move (`Ask`; each path
-decides how: a prompt, `--yes`, or stepping aside), make the compare-and-set change, print the
-one line that says what changed, at which revision, by whom and why.
+Every change goes one way, `ctx.change(...)`: ask when it is a big move (`Ask`: a prompt on a
+terminal, `--yes`, else a usage error), make the compare-and-set change, print the one line
+that says what changed, at which revision, by whom and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from ops.cli.args import default_actor
+from ops.cli.errors import Aborted, UsageError
 from ops.cli.format import change_line
+from rollout.share import big_move
 
 if TYPE_CHECKING:
     from rollout.state import RolloutState
@@ -30,21 +32,38 @@ class Ask(NamedTuple):
 
 
 class ChangeContext:
-    """The part of a handler's context that changes the rollout; subclasses say and confirm."""
+    """The part of a handler's context that changes the rollout: its streams, and whether
+    stdin is a terminal to ask on."""
 
     args: object
-    rollout: object  # rollout.control.Rollout, or the fast path's rollout.killswitch.QuickSwitch
+    rollout: object  # rollout.control.Rollout, or `kill`'s rollout.killswitch.QuickSwitch
+    out: IO[str]
+    err: IO[str]
+    stdin: IO[str]
+    interactive: bool
 
     @property
     def actor(self) -> str:
         return getattr(self.args, "actor", None) or default_actor()
 
     def say(self, line: str) -> None:
-        raise NotImplementedError
+        self.out.write(line + "\n")
 
     def confirm(self, before: RolloutState, planned: RolloutState, question: str,
                 what: str) -> None:
-        raise NotImplementedError
+        """Ask before a big move; refuse without a terminal unless --yes."""
+        if self.args.yes or not big_move(before, planned):
+            return
+        if not self.interactive:
+            raise UsageError(f"{what} needs confirmation: pass --yes to confirm "
+                             "(stdin is not a terminal)")
+        self.err.write(f"{question} [y/N] ")
+        self.err.flush()
+        answer = self.stdin.readline()
+        if not (answer.endswith("\n") and is_terminal(self.stdin)):  # a terminal echoed it
+            self.err.write("\n")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise Aborted()
 
     def done(self, what: str, after: RolloutState) -> None:
         self.say(change_line(what, after))
@@ -57,3 +76,10 @@ class ChangeContext:
         before, after = make()
         self.done(report(before, after), after)
         return after
+
+
+def is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,14 +1,19 @@
-"""The `rollout` command's own errors, and the one table that turns any error into an exit code
-and a one-line message (ops.cli.commands.run). Rollout errors take their exit code from the
-table the dashboard shares (rollout.errors.ANSWERS); this module adds the CLI's messages.
+"""The `rollout` command's own errors, the one table that turns any error into an exit code
+and a one-line message, and `fail`, which ends every command on an error (ops.cli.main,
+ops.cli.commands, ops.cli.kill). Rollout errors take their exit code from the table the
+dashboard shares (rollout.errors.ANSWERS); this module adds the CLI's messages.
 
-Light on purpose: the kill fast path (ops.cli.kill) imports it through ops.cli.args.
+Light on purpose (no pydantic): `rollout kill` imports it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+import os
+import sys
+from typing import IO, NamedTuple
 
+from ops.cli.format import one_line
 from rollout.errors import (
     InvalidChange,
     NotAcknowledged,
@@ -19,6 +24,8 @@ from rollout.errors import (
     StoreUnavailable,
     answer_for,
 )
+
+PROG = "rollout"
 
 
 class UsageError(Exception):
@@ -74,3 +81,18 @@ def exit_for(exc: BaseException) -> tuple[int, str, str]:
         if isinstance(exc, row.kind):
             return row.code, row.message.format(exc=exc, name=type(exc).__name__), row.prefix
     raise exc
+
+
+def fail(exc: BaseException, err: IO[str], *, own_stdout: bool = True) -> int:
+    """End a command on `exc`: its one line on `err` and its exit code (EXITS). A closed pipe
+    (`rollout audit | head -1`) ends quietly with 1, stdout pointed at /dev/null first when it
+    is the process's own (`own_stdout`), so that Python's exit does not complain."""
+    if isinstance(exc, BrokenPipeError):
+        if own_stdout:
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    code, message, prefix = exit_for(exc)
+    err.write(f"{prefix}{PROG}: {one_line(message)}\n")
+    err.flush()
+    return code

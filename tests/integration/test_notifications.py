@@ -159,7 +159,7 @@ def test_two_tailers_at_once_deliver_each_event_once(app, operator, receiver, no
 
 
 def test_failed_deliveries_show_in_rollout_status(secured, app, operator, monkeypatch):
-    from ops.cli.commands import run
+    from ops.cli import main
 
     closed = Receiver()
     url = closed.url
@@ -176,14 +176,14 @@ def test_failed_deliveries_show_in_rollout_status(secured, app, operator, monkey
     monkeypatch.setenv("REDIS_URL", secured.url)
     monkeypatch.setenv("CANARY_APP_NAME", app)
     out, err = io.StringIO(), io.StringIO()
-    assert run(["status"], stdout=out, stderr=err) == 0, err.getvalue()
+    assert main(["status"], stdout=out, stderr=err) == 0, err.getvalue()
     text = out.getvalue()
     assert "webhooks: 0 delivered, 1 failed attempts, 1 given up, 0 dropped" in text
     assert "WARNING: webhook deliveries are failing" in text
     assert "WARNING: 1 webhook event(s) given up" in text
     assert "secret-token" not in text and "127.0.0.1:" in text  # the URL's path is redacted
     out = io.StringIO()
-    assert run(["status", "--json"], stdout=out, stderr=err) == 0
+    assert main(["status", "--json"], stdout=out, stderr=err) == 0
     doc = json.loads(out.getvalue())["webhooks"]
     assert (doc["given_up"], doc["failed_attempts"], len(doc["warnings"])) == (1, 1, 2)
 

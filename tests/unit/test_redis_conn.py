@@ -1,11 +1,10 @@
 """The Redis URL forms (rollout.redis_conn): the sentinel form parsed, malformed ones refused
-clearly, passwords never shown; the replica acknowledgement's error path; the kill fast path's
-reading of the same URLs and settings. No Redis (tests/integration/test_sentinel.py runs them
-against real sentinels)."""
+clearly, passwords never shown; the replica acknowledgement's error path; how the kill's
+client (rollout.resp_client) finds the primary and what it retries. No Redis
+(tests/integration/test_sentinel.py runs them against real sentinels)."""
 
 from __future__ import annotations
 
-import argparse
 import socket
 import threading
 
@@ -13,12 +12,6 @@ import pytest
 from pydantic import ValidationError
 
 from ops.cli.errors import exit_for
-from ops.cli.kill import (
-    DEFAULT_KILL_RETRY_S,
-    DEFAULT_WAIT_TIMEOUT_MS,
-    Target,
-    target_from,
-)
 from rollout import Settings
 from rollout.errors import NotAcknowledged, answer_for
 from rollout.redis_conn import (
@@ -226,60 +219,7 @@ def test_a_refused_compare_and_set_is_a_conflict_not_an_unacknowledged_write():
                        ["k"], [], "revision 7 (canary)", wrote=wrote_first)
 
 
-# --- the kill fast path ---------------------------------------------------------------------
-
-
-def kill_args(**given) -> argparse.Namespace:
-    return argparse.Namespace(command="kill", **given)
-
-
-@pytest.mark.parametrize("env", [
-    {"REDIS_URL": "redis+sentinel://:pw@h1:1,h2:2/svc/0"},
-    {"REDIS_URL": "rediss+sentinel://u:pw@h:1/svc/0?ssl_ca_certs=/ca",
-     "CANARY_REDIS_WAIT_REPLICAS": "2", "CANARY_REDIS_WAIT_TIMEOUT_MS": "300",
-     "CANARY_KILL_RETRY_S": "7.5"},
-    {"REDIS_URL": "redis://h:6379/0", "CANARY_KILL_RETRY_S": "0"},
-])
-def test_the_fast_path_reads_the_new_settings_as_settings_reads_them(monkeypatch, env):
-    for name in ("REDIS_URL", "CANARY_REDIS_URL", "CANARY_APP_NAME", "CANARY_REDIS_TIMEOUT_S",
-                 "CANARY_REDIS_WAIT_REPLICAS", "CANARY_REDIS_WAIT_TIMEOUT_MS",
-                 "CANARY_KILL_RETRY_S"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    settings = Settings()
-    assert target_from(kill_args(), env) == Target(
-        settings.redis_url, settings.app_name, settings.redis_timeout_s,
-        settings.redis_wait_replicas, settings.redis_wait_timeout_ms, settings.kill_retry_s)
-
-
-def test_the_fast_paths_defaults_are_the_settings_defaults(monkeypatch):
-    for name in ("CANARY_REDIS_WAIT_REPLICAS", "CANARY_REDIS_WAIT_TIMEOUT_MS",
-                 "CANARY_KILL_RETRY_S"):
-        monkeypatch.delenv(name, raising=False)
-    settings = Settings()
-    assert (settings.redis_wait_replicas, settings.redis_wait_timeout_ms,
-            settings.kill_retry_s) == (None, DEFAULT_WAIT_TIMEOUT_MS, DEFAULT_KILL_RETRY_S)
-
-
-@pytest.mark.parametrize("name, value", [
-    ("CANARY_REDIS_WAIT_REPLICAS", "-1"), ("CANARY_REDIS_WAIT_REPLICAS", "17"),
-    ("CANARY_REDIS_WAIT_REPLICAS", "one"), ("CANARY_REDIS_WAIT_TIMEOUT_MS", "0"),
-    ("CANARY_REDIS_WAIT_TIMEOUT_MS", "60001"), ("CANARY_KILL_RETRY_S", "601"),
-    ("CANARY_KILL_RETRY_S", "-1"),
-])
-def test_a_setting_out_of_bounds_is_left_to_the_full_path(name, value):
-    env = {"REDIS_URL": "redis+sentinel://h:1/svc/0", name: value}
-    assert target_from(kill_args(), env) is None
-    with pytest.raises(ValidationError):
-        Settings(**{name.removeprefix("CANARY_").lower(): value})
-
-
-def test_a_malformed_sentinel_url_sends_the_fast_path_aside():
-    from rollout.resp_client import Unsupported
-
-    with pytest.raises(Unsupported):
-        connect("redis+sentinel://h:1", 0.2)
+# --- the kill's client behind Sentinel ------------------------------------------------------
 
 
 def _sentinel_answering(reply: bytes) -> int:

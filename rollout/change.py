@@ -1,0 +1,64 @@
+"""What every audited change stamps on the state, and the kill switch's two changes, written once
+for the two writers of the rollout state: rollout.control.Rollout (over a StateStore, pydantic
+states) and rollout.killswitch.QuickSwitch (over a bare Redis connection, plain states: what
+`rollout kill` runs). Standard library only.
+
+The kill switch's rules: `kill` always wins (it reads the state and writes on top of it, again
+up to KILL_ATTEMPTS times while concurrent writes take the revision first, so an operator
+pulling the canary back is never told to try again); `unkill` with `expected_revision` (the
+state the operator confirmed) writes only on top of that revision, and without it retries like
+`kill`. Each writer supplies `state()` and `_write(before, *, actor, action, reason, **changes)`,
+a compare-and-set of `before` with `changes` and `stamp(...)` applied.
+"""
+
+from __future__ import annotations
+
+from rollout.errors import InvalidChange, RevisionConflict
+
+KILL_ATTEMPTS = 20
+
+
+def stamp(before, *, actor: str, reason: str, now: float) -> dict:
+    """The fields every change sets on top of `before` (the next revision, when, who, why);
+    InvalidChange without an actor or a reason (surrounding blanks do not count)."""
+    actor, reason = actor.strip(), reason.strip()
+    if not actor:
+        raise InvalidChange("every change must name an actor")
+    if not reason:
+        raise InvalidChange("every change must give a reason")
+    return {"revision": before.revision + 1, "updated_at": now, "updated_by": actor,
+            "reason": reason}
+
+
+class KillSwitch:
+    """`kill` and `unkill` over a writer's `state()` and `_write(...)`; each returns the state
+    before and after."""
+
+    def state(self):
+        raise NotImplementedError
+
+    def _write(self, before, *, actor: str, action: str, reason: str, **changes):
+        raise NotImplementedError
+
+    def kill(self, *, actor: str, reason: str):
+        return self._until_written(actor=actor, reason=reason, action="kill", kill=True)
+
+    def unkill(self, *, actor: str, reason: str, expected_revision: int | None = None):
+        """Turn the kill switch off. With `expected_revision` (the state the operator confirmed)
+        it writes only on top of that revision; without, it retries through concurrent writes."""
+        if expected_revision is None:
+            return self._until_written(actor=actor, reason=reason, action="unkill", kill=False)
+        before = self.state()
+        if before.revision != expected_revision:
+            raise RevisionConflict(expected_revision, before.revision)
+        return before, self._write(before, actor=actor, reason=reason, action="unkill",
+                                   kill=False)
+
+    def _until_written(self, **write):
+        for _ in range(KILL_ATTEMPTS):
+            before = self.state()
+            try:
+                return before, self._write(before, **write)
+            except RevisionConflict:
+                continue
+        raise RevisionConflict(before.revision, self.state().revision)
