@@ -64,13 +64,13 @@ from rollout.settings import ModelSettings, Settings
 from rollout.verdict import thresholds_from
 from serve._autopick_measure import Evidence, measure
 from serve.artifact import cache_root
+from serve.cpu_flags import bf16_native, cpu_flags, read_cpu_flags
 from serve.regression import load_set
 
 log = logging.getLogger("canary.autopick")
 
 FORMAT = 2  # 2: measured on the validation split (1: on the calibration split)
 TIE = 0.05  # speedups within 5 % of the fastest count as tied
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 FALLBACK = {"cpu": "onnx-fp32", "cuda": "fp32"}
 ANSWER_SETTINGS = {"labels", "label_template", "max_tokens", "int8_target_agreement"}
 
@@ -85,7 +85,7 @@ class Hardware:
     """What decides which recipes apply and how fast they run."""
 
     device: str  # "cpu" or "cuda"
-    bf16: bool  # CPU: native bf16 matmuls (serve.layer_plan.bf16_native); CUDA: bf16 supported
+    bf16: bool  # CPU: native bf16 matmuls (serve.cpu_flags.bf16_native); CUDA: bf16 supported
     flags: tuple[str, ...] = ()  # CPU: the CPU_FLAGS /proc/cpuinfo lists
     name: str = ""  # CUDA: the device's name
     capability: tuple[int, int] | None = None  # CUDA: compute capability
@@ -98,23 +98,6 @@ class Hardware:
                 "bf16": self.bf16, "hide_native_bf16": hide_native_bf16}
 
 
-def cpu_flags(cpuinfo: str) -> tuple[str, ...]:
-    """The CPU_FLAGS that every `flags` line of /proc/cpuinfo text lists."""
-    sets = [set(line.partition(":")[2].split()) for line in cpuinfo.splitlines()
-            if line.split(":")[0].strip() == "flags"]
-    common = set.intersection(*sets) if sets else set()
-    return tuple(flag for flag in CPU_FLAGS if flag in common)
-
-
-def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
-    """The CPU_FLAGS this machine's `cpuinfo` lists for every processor (none where unreadable:
-    a feature is never assumed)."""
-    try:
-        return cpu_flags(cpuinfo.read_text())
-    except OSError:
-        return ()
-
-
 def detect_hardware(device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> Hardware:
     """This machine's Hardware for `device` (CPU flags read from `cpuinfo`, never assumed)."""
     if device == "cuda":
@@ -123,9 +106,7 @@ def detect_hardware(device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> Hardw
         return Hardware("cuda", bool(torch.cuda.is_bf16_supported()),
                         name=torch.cuda.get_device_name(),
                         capability=tuple(torch.cuda.get_device_capability()))
-    from serve.layer_plan import bf16_native
-
-    return Hardware("cpu", bf16_native(), read_cpu_flags(cpuinfo))
+    return Hardware("cpu", bf16_native(cpuinfo), read_cpu_flags(cpuinfo))
 
 
 def candidates(hardware: Hardware, *, hide_native_bf16: bool = False) -> tuple[str, ...]:

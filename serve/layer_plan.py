@@ -31,20 +31,13 @@ from pathlib import Path
 import torch
 
 from serve.artifact import cache_root
+from serve.cpu_flags import bf16_native
 from serve.recipes import Int8Linear, apply_plan, linear_names
 
 SHIPPED_PLANS = Path(__file__).resolve().parent / "plans"
 FORMAT = 1
 
 Embed = Callable[[torch.nn.Module, list[str]], torch.Tensor]  # model, texts -> rows
-
-
-def bf16_native() -> bool:
-    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def resolve_high_precision(setting: str) -> str:

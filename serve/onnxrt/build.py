@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from serve.artifact import artifact_root, load_or_build
-from serve.autopick import read_cpu_flags
+from serve.cpu_flags import read_cpu_flags
 from serve.onnxrt.calibrate import (
     Score,
     node_layers,

@@ -47,7 +47,7 @@ class Score:
 
 def weight_type_for(flags: Iterable[str]) -> str:
     """`s8` (U8S8) with VNNI, `u8` (U8U8) without, given the CPU's flags
-    (serve.autopick.read_cpu_flags): see the module docstring."""
+    (serve.cpu_flags.read_cpu_flags): see the module docstring."""
     return "s8" if VNNI_FLAGS.intersection(flags) else "u8"
 
 

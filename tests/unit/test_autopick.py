@@ -22,11 +22,11 @@ from serve.autopick import (
     candidates,
     choice_dir,
     choose,
-    cpu_flags,
     describe,
     detect_hardware,
     measure,
 )
+from serve.cpu_flags import bf16_native, cpu_flags
 from serve.regression import load_set
 
 AVX2 = Hardware("cpu", bf16=False, flags=("avx2",))
@@ -100,6 +100,21 @@ def test_cpu_flags_come_from_every_processor_of_cpuinfo(tmp_path):
     assert cpu_flags(cpuinfo.read_text()) == ("avx2", "avx512f", "avx512_bf16")
     assert detect_hardware("cpu", cpuinfo).flags == ("avx2", "avx512f", "avx512_bf16")
     assert detect_hardware("cpu", tmp_path / "missing").flags == ()
+
+
+def test_bf16_is_native_only_where_cpuinfo_lists_avx512_bf16_or_amx(tmp_path):
+    """oneDNN says yes wherever it can emulate bf16 (AVX512-BW without AVX512-BF16): the flags
+    decide first, and without them bf16 is never taken as native."""
+    import torch
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor : 0\nflags : avx2 avx512f avx512bw avx512_vnni\n")
+    assert bf16_native(cpuinfo) is False
+    assert bf16_native(tmp_path / "missing") is False  # unreadable: never assumed
+    for flag in ("avx512_bf16", "amx_bf16"):
+        cpuinfo.write_text(f"processor : 0\nflags : avx2 avx512f {flag}\n")
+        assert bf16_native(cpuinfo) is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
 
 
 # --- the pick ------------------------------------------------------------------------------------

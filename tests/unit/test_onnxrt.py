@@ -7,8 +7,8 @@ import torch
 
 from rollout import Settings
 from serve.artifact import MANIFEST, artifact_key, check, load_or_build
-from serve.autopick import read_cpu_flags
 from serve.batching import PAD_WIDTHS
+from serve.cpu_flags import read_cpu_flags
 from serve.onnxrt import OrtModel
 from serve.onnxrt.build import MODEL
 from serve.onnxrt.calibrate import Score, node_layers, quantizable, weight_type_for
