@@ -85,6 +85,7 @@ from serve.ingress import (
     DISCONNECTED,
     SLOT,
     TIMEOUT,
+    TIMEOUT_S,
     TOO_LARGE,
     receive_body,
 )
@@ -384,7 +385,11 @@ class Gateway(DashboardRoutes):
 
     def _timeout(self, request: Request) -> float:
         """The request's timeout in seconds: `X-Request-Timeout-Ms`, capped at the server's
-        `request_timeout_s`, or that (400 for a header that is not a positive integer)."""
+        `request_timeout_s`, or that (400 for a header that is not a positive integer); as
+        serve.ingress read it, when it did."""
+        read = request.scope.get(TIMEOUT_S)
+        if read is not None:
+            return read
         try:
             return requested_timeout_s(request.headers.get(TIMEOUT_HEADER),
                                        self.settings.request_timeout_s)

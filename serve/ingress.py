@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from starlette.middleware import Middleware
 
@@ -65,6 +65,7 @@ BODY = "canary.body"  # the complete body (bytes), when it arrived
 BODY_PROBLEM = "canary.body_problem"  # one of the problems below, when it did not
 SLOT = "canary.slot"  # the in-flight slot held for a prediction request (serve.admission)
 ARRIVED = "canary.arrived"  # perf_counter when it reached the replica: its deadline's start
+TIMEOUT_S = "canary.timeout_s"  # its deadline in seconds, X-Request-Timeout-Ms read once here
 
 TIMEOUT, DISCONNECTED, TOO_LARGE, BUSY = "timeout", "disconnected", "too_large", "busy"
 _WITH_BODY = {"POST", "PUT", "PATCH"}
@@ -87,6 +88,8 @@ def sanitize_request_id(scope: Scope) -> None:
 
 class Admission(Protocol):
     loop: Any  # serve.admission.LoopLag: `lag_s`
+    in_flight: int  # requests holding a slot
+    ceiling: int  # the memory cap (gateway_max_in_flight)
 
     def door(self, timeout_s: float) -> int | None: ...
 
@@ -145,10 +148,10 @@ class BodyGate:
             return
         started = time.perf_counter()
         settings = self.settings
-        retry_after = self._door(scope)
-        if retry_after is not None and not _small_body(scope):
+        refusal = self._door(scope)
+        if refusal is not None and not _small_body(scope):
             # shed before reading a large body nobody will use: the connection cannot go on
-            await self._shed(scope, receive, send, started, retry_after, close=True)
+            await self._shed(scope, receive, send, started, refusal, close=True)
             return
         if self.uploading >= settings.gateway_max_uploading:
             body, problem = b"", BUSY
@@ -163,10 +166,10 @@ class BodyGate:
             scope[BODY_PROBLEM] = problem
             await self.app(scope, _replay(body, receive), send)
             return
-        if retry_after is None:
-            retry_after = self._door(scope)
-        if retry_after is not None:  # its body read: the connection stays open for the next
-            await self._shed(scope, receive, send, started, retry_after, close=False)
+        if refusal is None:
+            refusal = self._door(scope)
+        if refusal is not None:  # its body read: the connection stays open for the next
+            await self._shed(scope, receive, send, started, refusal, close=False)
             return
         scope[BODY] = body
         await self._admitted(scope, _replay(body, receive), send, started)
@@ -191,28 +194,33 @@ class BodyGate:
     def _predicts(scope: Scope) -> bool:
         return scope.get("path") == SHED_PATH
 
-    def _door(self, scope: Scope) -> int | None:
-        """A Retry-After when the gateway's admission refuses this prediction request before
-        its arm is known (serve.admission `door`), else None."""
+    def _door(self, scope: Scope) -> Refusal | None:
+        """Why and for how long the gateway's admission refuses this prediction request before
+        its arm is known (serve.admission `door`), else None. Its deadline is read here, once:
+        `scope[TIMEOUT_S]` (absent when the header is invalid: the gateway answers 400)."""
         admission = _gateway.admission
         if admission is None or not self._predicts(scope):
             return None
-        sent = [v for n, v in scope.get("headers") or [] if n == TIMEOUT_HEADER.encode()]
-        try:
-            timeout_s = requested_timeout_s(sent[0].decode("latin-1") if sent else None,
-                                            _gateway.request_timeout_s)
-        except ValueError:  # the gateway answers 400 for it
+        timeout_s = scope.get(TIMEOUT_S)
+        if timeout_s is None:
+            sent = [v for n, v in scope.get("headers") or [] if n == TIMEOUT_HEADER.encode()]
+            try:
+                timeout_s = scope[TIMEOUT_S] = requested_timeout_s(
+                    sent[0].decode("latin-1") if sent else None, _gateway.request_timeout_s)
+            except ValueError:  # the gateway answers 400 for it
+                return None
+        retry_after = admission.door(timeout_s)
+        if retry_after is None:
             return None
-        return admission.door(timeout_s)
+        return Refusal(retry_after, AT_CAP if admission.in_flight >= admission.ceiling else LATE)
 
     @staticmethod
     async def _shed(scope: Scope, receive: Receive, send: Send, started: float,
-                    retry_after: int, *, close: bool) -> None:
+                    refusal: Refusal, *, close: bool) -> None:
         sent = [v for n, v in scope.get("headers") or [] if n == b"x-request-id"]
         request_id = sent[0].decode("latin-1") if sent else uuid.uuid4().hex
-        response = error_response(503, Overloaded.type, "the gateway cannot answer this request "
-                                  "within its deadline; retry later", request_id,
-                                  retry_after=retry_after)
+        response = error_response(503, Overloaded.type, refusal.message, request_id,
+                                  retry_after=refusal.retry_after)
         if close:  # its body was not read: the connection cannot carry another request
             response.headers["Connection"] = "close"
         await response(scope, receive, send)
@@ -221,6 +229,15 @@ class BodyGate:
 
 
 
+class Refusal(NamedTuple):
+    """A request shed at the door: when to come back, and why (the error's message)."""
+
+    retry_after: int
+    message: str
+
+
+LATE = "the gateway cannot answer this request within its deadline; retry later"
+AT_CAP = "the gateway is at its in-flight limit (gateway_max_in_flight); retry later"
 SMALL_BODY = 64 * 1024  # a refused request's body up to this size is read, keeping the connection
 
 

@@ -185,11 +185,13 @@ class Saturated:
     """An admission whose door refuses (with this Retry-After) or not; records the timeouts it
     was asked about."""
 
-    def __init__(self, saturated: bool, retry_after: int = 1):
+    def __init__(self, saturated: bool, retry_after: int = 1, *, at_cap: bool = False):
         self.value, self.retry_after = saturated, retry_after
         self.asked: list[float] = []
         self.loop = types.SimpleNamespace(lag_s=0.0)
         self.held = 0
+        self.ceiling = 8
+        self.in_flight = 8 if at_cap else 0
 
     def door(self, timeout_s: float) -> int | None:
         self.asked.append(timeout_s)
@@ -241,6 +243,7 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
             self.calls = 0
 
         loop = types.SimpleNamespace(lag_s=0.0)
+        in_flight, ceiling = 0, 8
 
         def door(self, timeout_s: float) -> int | None:
             self.calls += 1
@@ -267,6 +270,7 @@ def test_the_door_judges_the_requests_own_timeout_and_sends_its_retry_after(monk
     asyncio.run(BodyGate(app)(s, client(b"{}"), sent))
     headers = sent.headers()
     assert door.asked == [0.25] and headers["retry-after"] == "3"
+    assert b"within its deadline" in sent[1]["body"]
 
     # over the server's timeout: capped; malformed: left to the gateway (400), not shed here
     door.asked.clear()
@@ -333,3 +337,38 @@ def test_refused_on_arrival_a_small_body_is_read_so_the_connection_carries_the_n
     asyncio.run(BodyGate(app)(large, client(b"{}"), sent))
     headers = sent.headers()
     assert headers["connection"] == "close"
+
+
+def test_shed_at_the_memory_cap_the_answer_says_so(monkeypatch):
+    from serve import ingress
+
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    ingress.configure(settings(), settings(), Saturated(True, at_cap=True), lambda ms: None)
+    sent = Sent()
+    asyncio.run(BodyGate(App())(scope(), client(b"{}"), sent))
+    assert sent[0]["status"] == 503 and b"in-flight limit" in sent[1]["body"]
+    assert b"deadline" not in sent[1]["body"]
+
+
+def test_the_deadline_header_is_read_once_and_handed_on_with_the_request(monkeypatch):
+    """The door asks twice (on arrival, and once the body is in) and the gateway reads the
+    deadline from the scope: the header is parsed here, once."""
+    from serve import admission, ingress
+    from serve.ingress import TIMEOUT_S
+
+    parsed: list[str | None] = []
+    real = admission.requested_timeout_s
+    monkeypatch.setattr(ingress, "requested_timeout_s",
+                        lambda value, cap: parsed.append(value) or real(value, cap))
+    monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
+    door = Saturated(False)
+    ingress.configure(settings(), settings(), door, lambda ms: None)
+    app = App()
+    asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"250")]),
+                              client(b"{}"), Sent()))
+    assert parsed == [b"250".decode()] and door.asked == [0.25, 0.25]
+    assert app.calls[0]["scope"][TIMEOUT_S] == 0.25
+    app.calls.clear()
+    asyncio.run(BodyGate(app)(scope(headers=[(b"x-request-timeout-ms", b"soon")]),
+                              client(b"{}"), Sent()))
+    assert TIMEOUT_S not in app.calls[0]["scope"]  # the gateway answers 400 for it
