@@ -3,7 +3,8 @@
 Every mutation names an actor and a reason, is a compare-and-set on the revision the caller
 read, and lands in the audit log with the state before and after. Kill is the one change that
 always wins: it retries through concurrent writes, because an operator pulling the canary back
-must never be told to try again.
+must never be told to try again. `kill`, `unkill` and what every change stamps on the state are
+rollout.change's, shared with `rollout kill`'s rollout.killswitch.QuickSwitch.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Two kinds of URL (the settings' `REDIS_URL`, `CANARY_CONTROL_REDIS_URL`, a `--re
 A malformed sentinel URL raises ValueError saying what is wrong (no service, a bad port, a bad
 db), never echoing the password: `redact_url` is how any URL reaches a message or a log.
 
-Standard library only at import: the settings and the CLI's kill fast path (rollout.resp_client)
+Standard library only at import: the settings and `rollout kill`'s client (rollout.resp_client)
 parse URLs here without importing redis-py; `open_client` imports it when it builds a client.
 
 Durable writes (`Acknowledgement`): after a share change, a kill, an audit entry or a ramp write,

@@ -2,7 +2,7 @@
 exact: 0.01 % is the smallest step and 10,000 bp is all traffic. Also what counts as a big move,
 the change that needs an operator's confirmation.
 
-Plain Python on purpose (no pydantic): the CLI's kill switch imports it on its fast path.
+Plain Python on purpose (no pydantic): `rollout kill` (rollout.killswitch) imports it.
 """
 
 from __future__ import annotations

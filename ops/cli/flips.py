@@ -15,7 +15,7 @@ from ops.cli.errors import NothingRecorded, UsageError
 from ops.cli.format import one_line, table, when
 from rollout.flips import FlipRecord, to_regression_row
 
-if TYPE_CHECKING:  # the CLI's parser is built without pydantic (the kill's fast path)
+if TYPE_CHECKING:  # the CLI's parser is built without pydantic (`rollout kill`)
     from rollout.state import DeploymentReport
 
 REPORTS_TTL_S = 60.0  # rollout.control.DEPLOYMENT_TTL_S: a heartbeat older than this is not heard

@@ -1,7 +1,7 @@
 """The argparse value types of every ops command (`rollout`, the drills, the bench, the
 simulators, the set makers): each turns one command-line word into a value or rejects it with
 an `ArgumentTypeError` whose message names the word and what was expected. Nothing else in
-ops/ raises `ArgumentTypeError`. Light on purpose: the kill fast path imports it."""
+ops/ raises `ArgumentTypeError`. Light on purpose: `rollout kill` imports it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Header routes and the operator override end to end: the real app (real Ray Serve, real
 Redis with ACL users, real HTTP), routes written by the audited path as an operator does; and
-the kill switch's fast path and the operator guide's redis-cli kill on a state that holds routes."""
+`rollout kill` and the operator guide's redis-cli kill on a state that holds routes."""
 
 from __future__ import annotations
 
@@ -135,10 +135,10 @@ def test_a_gateway_without_an_operator_token_honours_no_override(gw):
     assert "no operator token" in response.json()["error"]["message"]
 
 
-# --- the kill switch's fast path and the operator guide's redis-cli kill keep the routes -----
+# --- `rollout kill` and the operator guide's redis-cli kill keep the routes ------------------
 
 
-def test_the_fast_kill_keeps_the_routes(redis_url, store):  # noqa: F811
+def test_the_cli_kill_keeps_the_routes(redis_url, store):  # noqa: F811
     app = new_app()
     ok(run(redis_url, "route", "add", "--header", "X-User-Group=internal,qa", "--arm",
            "optimized", "--reason", 'QA "v2" ✓', app=app)[0])

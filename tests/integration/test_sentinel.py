@@ -13,7 +13,7 @@
   failover is tests/integration/test_sentinel_gateway.py) routes through the failover: never
   an error, the optimized arm only when the state it holds allows it, and the kill reaches it;
 - TLS (`rediss+sentinel://`): a TLS-only primary, replica and sentinel, through the store, the
-  fast kill and `rollout status`.
+  kill and `rollout status`.
 
 The failover is tuned short (down-after 1 s, failover-timeout 3 s); the file takes ~25 s.
 """

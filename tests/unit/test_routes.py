@@ -1,5 +1,5 @@
 """Header routes (rollout.header_routes): the Route model's checks, adding and removing routes
-through the audited path on the in-memory store, what the kill switch's fast path does with them,
+through the audited path on the in-memory store, what `rollout kill`'s QuickSwitch does with them,
 and the gateway's override authorisation (serve.override). No Redis, no Ray."""
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def test_other_changes_keep_the_routes_and_revert_restores_them(rollout):
     assert reverted.routes == with_route.routes and reverted.canary_bp == 0
 
 
-# --- the kill switch's fast path ----------------------------------------------------------------
+# --- `rollout kill`'s QuickSwitch ----------------------------------------------------------------
 
 
 def test_the_fast_kill_path_keeps_the_routes_byte_for_byte(rollout):
