@@ -87,7 +87,7 @@ class SwitchState:
         imported now; its ValidationError when it refuses the document)."""
         try:
             return cls.from_json(raw)
-        except (Unrecognised, ValueError):
+        except ValueError:  # Unrecognised, or not JSON
             from rollout.state import RolloutState
 
             return cls.from_json(RolloutState.model_validate_json(raw).model_dump_json())
