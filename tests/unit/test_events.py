@@ -356,7 +356,7 @@ def test_webhook_settings_parse_comma_lists_and_name_what_is_wrong():
 def test_rollout_status_shows_the_webhook_counters_and_warns(store):
     import io
 
-    from ops.cli.commands import run
+    from ops.cli import main
     from rollout.telemetry.windows import MemoryHashes
 
     hashes, clock = MemoryHashes(), FakeClock(10_000.0)
@@ -365,8 +365,8 @@ def test_rollout_status_shows_the_webhook_counters_and_warns(store):
         "last_delivered_ts": "9000", "last_error_ts": "9990", "last_given_up_ts": "9990",
         "last_error": "https://hooks.slack.com/***: HTTP 503"}
     out, err = io.StringIO(), io.StringIO()
-    assert run(["status"], store=store, clock=clock, telemetry=hashes, stdout=out,
-               stderr=err) == 0, err.getvalue()
+    assert main(["status"], store=store, clock=clock, telemetry=hashes, stdout=out,
+                stderr=err) == 0, err.getvalue()
     lines = out.getvalue().splitlines()
     assert "webhooks: 4 delivered, 2 failed attempts, 1 given up, 0 dropped (last delivered " \
         "16m 40s ago)" in lines
@@ -375,5 +375,5 @@ def test_rollout_status_shows_the_webhook_counters_and_warns(store):
     assert any(line.startswith("WARNING: 1 webhook event(s) given up") for line in lines)
     hashes.data.clear()
     out = io.StringIO()
-    run(["status"], store=store, clock=clock, telemetry=hashes, stdout=out, stderr=err)
+    main(["status"], store=store, clock=clock, telemetry=hashes, stdout=out, stderr=err)
     assert "webhooks" not in out.getvalue()  # notifications never used: nothing to show
