@@ -11,7 +11,7 @@ group can also be read alone (`RampSettings()`). The groups read by the serving 
 (models, batching, serving, admission) say so; they live here, not in `serve/`, because the
 one `Settings` that the CLI and the library import must not import `serve/`. Each field's
 `description` is the one place its meaning is written: docs/settings.md's table is generated
-from them (`python -m ops.settings_doc`).
+from them (`python -m ops.generate.settings_doc`).
 """
 
 from __future__ import annotations
