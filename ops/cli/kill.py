@@ -26,11 +26,12 @@ shared: load average 2.7-4 during the runs), best / median in seconds:
 
 with a checkout of each version (`git worktree add /tmp/before 153a104^`), a redis-server
 (`redis-server --port 6391 --save '' --daemonize yes`), REDIS_URL=redis://127.0.0.1:6391/0 and
-ROLLOUT_ACTOR=timing exported, and for each run, from the checkout's directory:
+ROLLOUT_ACTOR=timing and PYTHON (the project's `.venv/bin/python`, by its absolute path)
+exported, and for each run, from the checkout's directory:
 
-    /work/main/.venv/bin/python -c 'import subprocess as s, sys, time; t = time.perf_counter();
+    $PYTHON -c 'import subprocess as s, sys, time; t = time.perf_counter();
     s.run(sys.argv[1:], check=True, capture_output=True); print(time.perf_counter() - t)' \
-        /work/main/.venv/bin/python -m ops.cli --app t kill --reason timing
+        $PYTHON -m ops.cli --app t kill --reason timing
 
 (and `unkill --reason timing --yes`). The goal, 0.25 s, is met with room; what is left is
 Python's own start (`python -c pass`: about 0.03 s) and the standard library's imports.
