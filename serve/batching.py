@@ -56,7 +56,7 @@ class Expired(Exception):
 
 
 @dataclass(frozen=True)
-class _Row:
+class Row:
     request: int
     index: int  # position within its request
     ids: Sequence[int]
@@ -76,11 +76,11 @@ def padded_width(width: int) -> int:
     return -(-width // 128) * 128
 
 
-def pack(rows: list[_Row], max_batch_tokens: int, split_tokens: int | None = None
-         ) -> list[list[_Row]]:
+def pack(rows: list[Row], max_batch_tokens: int, split_tokens: int | None = None
+         ) -> list[list[Row]]:
     """Greedy, length-sorted packing under a padded-token budget (see module docstring)."""
-    chunks: list[list[_Row]] = []
-    current: list[_Row] = []
+    chunks: list[list[Row]] = []
+    current: list[Row] = []
     current_width = 0
     for row in sorted(rows, key=lambda r: len(r.ids)):
         width = padded_width(max(len(row.ids), 1))  # sorted ascending: the widest so far
@@ -124,12 +124,12 @@ def run_budgeted(
     """Forward every row of every request under the budget; per request, its output rows in
     order, or the RowsDidNotFit that failed it, or Expired when `expired(request)` said, before
     one of its chunks, that nobody waits for it any more."""
-    rows = [_Row(r, i, ids) for r, request in enumerate(requests) for i, ids in enumerate(request)]
+    rows = [Row(r, i, ids) for r, request in enumerate(requests) for i, ids in enumerate(request)]
     results: dict[tuple[int, int], torch.Tensor] = {}
     failed: dict[int, list[int]] = {}
     reasons: dict[int, str] = {}
 
-    def attempt(chunk: list[_Row]) -> None:
+    def attempt(chunk: list[Row]) -> None:
         try:
             out = forward([row.ids for row in chunk])
         except Exception as exc:

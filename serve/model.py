@@ -74,7 +74,7 @@ def _carried(exc: BaseException) -> Exception:
     return CallFailed(type(exc).__name__, str(exc))
 
 
-def _startup_log(arm: str, console_fd: int = 2):
+def startup_log(arm: str, console_fd: int = 2):
     """Progress of a long build (`auto` measuring, a runtime artifact, a plan): in the replica's
     log (Serve's logger), and on the process's own stderr, which Ray forwards to the console of
     `serve run` as it happens. Written to the file descriptor, not `sys.stderr`: in Serve's
@@ -133,9 +133,9 @@ class ModelServer:
         share = settings.threads_per_model()
         torch.set_num_threads(startup_threads(settings))
         self.arm = arm
-        self.variant = Variant(settings, arm, progress=_startup_log(arm))
+        self.variant = Variant(settings, arm, progress=startup_log(arm))
         if self.variant.choice is not None:
-            _startup_log(arm)(describe(self.variant.choice), None)
+            startup_log(arm)(describe(self.variant.choice), None)
         torch.set_num_threads(share)
         if (resize := getattr(self.variant.model, "resize", None)) is not None:
             resize(share)

@@ -39,7 +39,7 @@ class RedisServer:
         self.dir = Path(tempfile.mkdtemp(prefix="canary-redis-"))
         self.proc: subprocess.Popen | None = None
         if tls:
-            _make_certs(self.dir)
+            make_certs(self.dir)
 
     @property
     def url(self) -> str:
@@ -115,7 +115,7 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _make_certs(where: Path) -> None:
+def make_certs(where: Path) -> None:
     """A throwaway CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
 
     def run(*args: str) -> None:

@@ -35,7 +35,7 @@ def verify(ctx, settings: Settings) -> int:
         try:
             ctx.rollout.store.put_verdict(verdict)
             stored = True
-            _audit_verdict(ctx.rollout.store, verdict)
+            audit_verdict(ctx.rollout.store, verdict)
         except StoreUnavailable as exc:
             store_error = exc
     if args.json:
@@ -69,7 +69,7 @@ def _verdict(ctx, report, thresholds: Thresholds, *, speed_judged: bool) -> Verd
     )
 
 
-def _audit_verdict(store, verdict: Verdict) -> None:
+def audit_verdict(store, verdict: Verdict) -> None:
     """A `verify-verdict` note in the audit stream (the notification of a stored verdict)."""
     outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
     store.note(

@@ -44,7 +44,7 @@ from rollout.telemetry.redis_store import RedisTelemetry
 from serve.ray_env import free_port
 from tests.integration.test_cli_redis import ROLLOUT, one_error_line
 from tests.integration.test_kill_redis import HEAVY, run
-from tests.servers import _make_certs
+from tests.servers import make_certs
 from tests.store_contract import StoreContract
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ class SentinelGroup:
         self.where = Path(tempfile.mkdtemp(prefix="canary-sentinel-"))
         self.tls = self.where if tls else None
         if tls:
-            _make_certs(self.where)
+            make_certs(self.where)
         self.data = [Node(self.where, f"redis{i}", self.tls) for i in range(1 + replicas)]
         self.sentinels = [Node(self.where, f"sentinel{i}", self.tls) for i in range(sentinels)]
         self.dead_sentinel_port = free_port()  # listed first in the URL, never started

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from serve.batching import Expired, RowsDidNotFit, _Row, pack, run_budgeted
+from serve.batching import Expired, Row, RowsDidNotFit, pack, run_budgeted
 
 
 def fake_forward(calls, oom_over=None, oom_rows=()):
@@ -21,7 +21,7 @@ def fake_forward(calls, oom_over=None, oom_rows=()):
 
 
 def test_pack_respects_the_padded_budget_and_keeps_every_row():
-    rows = [_Row(0, i, [i] * n) for i, n in enumerate([3, 50, 7, 7, 20, 1, 64, 2])]
+    rows = [Row(0, i, [i] * n) for i, n in enumerate([3, 50, 7, 7, 20, 1, 64, 2])]
     chunks = pack(rows, max_batch_tokens=64)
     assert sorted(r.index for c in chunks for r in c) == list(range(8))
     for chunk in chunks:
@@ -83,12 +83,12 @@ def test_padded_widths_are_few_buckets_that_hold_the_row():
 
 
 def test_a_long_row_is_split_from_short_ones_rather_than_padding_them():
-    rows = [_Row(0, i, [i] * 16) for i in range(15)] + [_Row(0, 15, [15] * 256)]
+    rows = [Row(0, i, [i] * 16) for i in range(15)] + [Row(0, 15, [15] * 256)]
     assert [len(c) for c in pack(rows, max_batch_tokens=8192)] == [16]  # one 16 x 256 forward
     chunks = pack(rows, max_batch_tokens=8192, split_tokens=256)
     assert [len(c) for c in chunks] == [15, 1]
     # small growth is cheaper than another forward: 16 -> 24 tokens for 3 rows stays together
-    close = [_Row(0, 0, [0] * 16), _Row(0, 1, [1] * 16), _Row(0, 2, [2] * 17)]
+    close = [Row(0, 0, [0] * 16), Row(0, 1, [1] * 16), Row(0, 2, [2] * 17)]
     assert [len(c) for c in pack(close, max_batch_tokens=8192, split_tokens=256)] == [3]
 
 

@@ -320,13 +320,13 @@ def test_a_held_step_is_noted_stalled_once_when_its_soak_is_over():
 
 
 def test_a_stored_verdict_is_audited_as_a_verify_verdict_event(store):
-    from ops.verify.command import _audit_verdict
+    from ops.verify.command import audit_verdict
     from rollout import Verdict
 
     verdict = Verdict(baseline_version="b", optimized_version="o", passed=False,
                       failures=("agreement 0.9 < 0.98",), n=100, agreement=0.9,
                       agreement_lower_bound=0.85, at=5.0, by="alice")
-    _audit_verdict(store, verdict)
+    audit_verdict(store, verdict)
     event = last_event(store)
     assert (event.kind, event.severity, event.actor) == ("verify-verdict", "warning", "alice")
     assert "failed: agreement 0.9 < 0.98" in event.text

@@ -4,7 +4,7 @@ import logging
 import os
 import sys
 
-from serve.model import _startup_log
+from serve.model import startup_log
 
 
 class ToLogger:
@@ -26,7 +26,7 @@ def test_progress_goes_to_the_processs_own_stderr_even_when_sys_stderr_is_redire
     redirected = ToLogger()
     monkeypatch.setattr(sys, "stderr", redirected)
     with caplog.at_level(logging.INFO, logger="ray.serve"):
-        progress = _startup_log("optimized", console_fd=write)
+        progress = startup_log("optimized", console_fd=write)
         progress("auto: measuring ov-int8", None)
         progress("auto: ov-int8 agreement 0.991", None)
     os.close(write)
