@@ -82,7 +82,6 @@ from rollout.killswitch import QuickSwitch, RedisPyConnection
 from rollout.redis_conn import is_sentinel
 from rollout.share import format_bp
 
-STARTED = time.monotonic()  # the command's start (imported first thing): the kill's budget
 RETRY_PAUSE_S = 0.2  # between two tries of a kill while Redis fails over
 
 
@@ -144,7 +143,10 @@ def run(args, *, store=None, clock=None, stdin: IO[str] | None = None,
         stdout: IO[str] | None = None, stderr: IO[str] | None = None,
         environ: Mapping[str, str] | None = None) -> int:
     """Run `kill` or `unkill` (`args` from ops.cli.args' parser) and return its exit code: on
-    QuickSwitch over the Redis the settings name, or on Rollout over `store` (tests)."""
+    QuickSwitch over the Redis the settings name, or on Rollout over `store` (tests). The
+    kill's retry budget (CANARY_KILL_RETRY_S) runs from here: in a process started for the
+    command that is ~0.1 s after its start; in a process that runs many commands, this one's."""
+    started = time.monotonic()
     out, err = stdout or sys.stdout, stderr or sys.stderr
 
     def handle(switch) -> KillContext:
@@ -160,7 +162,7 @@ def run(args, *, store=None, clock=None, stdin: IO[str] | None = None,
             ctx = handle(Rollout(store, clock))
         else:
             settings = settings_for(args, os.environ if environ is None else environ)
-            ctx = on_redis(settings, handle, retry=args.command == "kill")
+            ctx = on_redis(settings, handle, retry=args.command == "kill", started=started)
         out.write("".join(line + "\n" for line in ctx.lines))
         out.flush()
         return 0
@@ -179,13 +181,13 @@ def settings_for(args, environ: Mapping[str, str]) -> KillSettings:
 
 
 def on_redis(settings: KillSettings, handle: Callable[[QuickSwitch], KillContext], *,
-             retry: bool) -> KillContext:
+             retry: bool, started: float) -> KillContext:
     """`handle` on QuickSwitch over a fresh connection; with `retry` behind Sentinel, again on
-    a new one while Redis fails over, until the kill's budget is spent. Transport errors come
-    out as the rollout's (rollout.resp_client.rollout_error)."""
+    a new one while Redis fails over, until the kill's budget (from `started`, monotonic) is
+    spent. Transport errors come out as the rollout's (rollout.resp_client.rollout_error)."""
     deadline = None
     if retry and is_sentinel(settings.redis_url):
-        deadline = STARTED + settings.kill_retry_s
+        deadline = started + settings.kill_retry_s
     ack = settings.acknowledgement()
 
     def attempt() -> KillContext:

@@ -11,6 +11,8 @@ import io
 import json
 import subprocess
 import sys
+import time
+import types
 
 import pydantic
 import pytest
@@ -345,6 +347,24 @@ def test_a_kill_behind_sentinel_retries_while_redis_fails_over(scripted):
 
     scripted.call = flaky
     assert scripted.run("kill")[0] == 0 and scripted.connects == 3
+
+
+def test_the_kill_budget_runs_from_the_command_not_from_the_import(scripted, monkeypatch):
+    """A process that runs many commands (a test run, a drill) imported the module long before:
+    the budget still runs from this kill's start."""
+    scripted.env("REDIS_URL", "redis+sentinel://h:1/svc/0")
+    scripted.env("CANARY_REDIS_WAIT_REPLICAS", "0")
+    later = time.monotonic() + 3_600  # an hour after the import
+    monkeypatch.setattr(cli_kill, "time", types.SimpleNamespace(monotonic=lambda: later,
+                                                                sleep=lambda s: None))
+    failures = [NoPrimary("no primary for svc")]
+
+    def flaky(*args):
+        if failures:
+            raise failures.pop()
+
+    scripted.call = flaky
+    assert scripted.run("kill")[0] == 0 and scripted.connects == 2
 
 
 def test_a_kill_behind_sentinel_gives_up_at_once_on_a_refused_password(scripted):
