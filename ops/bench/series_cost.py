@@ -51,7 +51,8 @@ def timed(fn) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.series_cost",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--rate", type=int, default=20, help="baseline requests per second")

@@ -240,7 +240,8 @@ def render(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.generate.regression_set",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare with the shipped file")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args(argv)

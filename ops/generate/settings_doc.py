@@ -130,7 +130,8 @@ def replace_table(page: str, table: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.generate.settings_doc",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="only compare: exit 1 and print a diff when the page differs")
     parser.add_argument("--page", type=Path, default=PAGE, help="the page holding the table")
