@@ -33,20 +33,29 @@ ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length:
           + str(len(OUTPUTS)).encode() + b"\r\nServer-Timing: total;dur=1.0\r\n\r\n" + OUTPUTS)
 
 
-def _serve(port_out) -> None:
-    """The loopback server (its own process): answers every request with ANSWER."""
+async def fixed_answer_server(reply: bytes) -> asyncio.Server:
+    """A loopback HTTP/1.1 server on a free port answering every request (its head and its
+    Content-Length body read) with `reply`, at once; a connection ends when the client closes
+    it or sends what it cannot frame."""
     async def handle(reader, writer):
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
                 await reader.readexactly(length)
-                writer.write(ANSWER)
+                writer.write(reply)
         except (asyncio.IncompleteReadError, ConnectionError, IndexError, ValueError):
+            pass
+        finally:
             writer.close()
 
+    return await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+
+
+def _serve(port_out) -> None:
+    """The loopback server (its own process): answers every request with ANSWER."""
     async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+        server = await fixed_answer_server(ANSWER)
         port_out.put(server.sockets[0].getsockname()[1])
         await server.serve_forever()
 

@@ -18,6 +18,8 @@ from ops.load.processes import serve_niceness
 
 NICE_WHY = ("the load generator runs at the Serve workers' niceness, so it does not preempt the "
             "server it measures")
+
+
 @dataclass(frozen=True)
 class Niceness:
     used: int

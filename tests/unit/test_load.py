@@ -11,27 +11,15 @@ import time
 
 import pytest
 
+from ops.bench.client_cost import fixed_answer_server
 from ops.load import Sender, Shot, closed_loop, no_backoff, statuses, summarize
 from ops.load.processes import cpu_seconds, rss_mib, stat_fields, titled
 
 
 async def _server(status_line: bytes, headers: bytes = b""):
     """A loopback server answering every request with `status_line` and `headers`."""
-    async def handle(reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 " + status_line + b"\r\nContent-Length: 2\r\n" + headers
-                             + b"\r\n{}")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await fixed_answer_server(b"HTTP/1.1 " + status_line + b"\r\nContent-Length: 2\r\n"
+                                       + headers + b"\r\n{}")
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
