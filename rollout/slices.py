@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from rollout.agreement import wilson_interval
+from rollout.agreement import Pair, wilson_interval
 
 SCRIPTS = ("latin", "cyrillic", "greek", "arabic", "hebrew", "han", "kana", "hangul",
            "devanagari", "thai")
@@ -151,6 +151,19 @@ class SliceCounts:
         for key in slices:
             n, ok, flips = self.counts.get(key, (0, 0, 0))
             self.counts[key] = (n + 1, ok + bool(agreed), flips + bool(confident_flip))
+
+
+def pair_slice_counts(pairs: Iterable[Pair], tokens: Iterable[int], texts: Sequence[str],
+                      labels: Sequence[str], min_margin: float) -> dict[str, tuple[int, int, int]]:
+    """Slice -> (inputs, agreed, confident flips) over offline `pairs` (`tokens[k]`: pair k's
+    input's length in the baseline's tokens; `texts` by `Pair.index`): what `rollout verify`
+    and `auto` judge alike."""
+    counts = SliceCounts()
+    for pair, length in zip(pairs, tokens, strict=True):
+        agreed = pair.baseline == pair.optimized
+        counts.add(slices_of(texts[pair.index], length, labels[pair.baseline]), agreed,
+                   not agreed and pair.baseline_margin >= min_margin)
+    return counts.counts
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,11 @@ comparison (rollout.agreement.Summary) and lists each one missed, in this order:
    end 98 %) do not, while the overall figure of 1,600 inputs would hide either.
 
 `thresholds_from(settings)` is the one place thresholds are built from the settings
-(`verify_*`), for every caller that judges a comparison.
+(`verify_*`), for every caller that judges a comparison, and `judge_comparison` the one rule
+(1-6 together) that both `rollout verify` and `auto` (serve.autopick) apply: a recipe `auto`
+serves has passed, on its validation split, the very test verify applies on the held-out one.
+`bound_only` tells a comparison refused by the Wilson lower bound alone (its point estimates
+pass, the sample is too small or too close to the bar to show it).
 
 A verdict records what it was judged with: the thresholds, the judged set's digest and split
 (`held-out`: the configured set's inputs that neither a recipe's tuning nor `auto` saw;
@@ -198,6 +202,22 @@ def judge_slices(thresholds: Thresholds, rows: Sequence[SliceRow]) -> list[str]:
         return []
     return [f"slice {worst.slice} agreement {worst.agreement:.4f} ({worst.agreed}/{worst.n}, "
             f"95% upper bound {upper:.4f}) < {thresholds.min_slice_agreement}"]
+
+
+def judge_comparison(thresholds: Thresholds, summary: Summary, speedup: float | None,
+                     slices: Sequence[SliceRow] = ()) -> list[str]:
+    """The whole rule (module docstring, 1-6): every threshold a paired comparison, its speedup
+    (None: not measured) and its slice table miss."""
+    return judge_summary(thresholds, summary, speedup) + judge_slices(thresholds, slices)
+
+
+def bound_only(thresholds: Thresholds, summary: Summary, speedup: float | None,
+               slices: Sequence[SliceRow] = ()) -> bool:
+    """Whether the comparison fails the rule only through the agreement's lower bound."""
+    if not judge_comparison(thresholds, summary, speedup, slices):
+        return False
+    loose = thresholds.model_copy(update={"min_lower_bound": 0.0})
+    return not judge_comparison(loose, summary, speedup, slices)
 
 
 def judge_summary(thresholds: Thresholds, summary: Summary, speedup: float | None

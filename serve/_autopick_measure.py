@@ -19,13 +19,14 @@ on the validation texts it is given (serve.regression: inputs no recipe tuned on
 2. **Agreement.** Both models' rows of every text (`Variant.rows`, length-batched), scored
    and paired through rollout.agreement exactly as `rollout verify` pairs them (top-1 and
    margin of each arm, embedding cosine for encoders, the true label where the set has one).
-3. **Gate** (`validation_failures`): verify's thresholds (rollout.verdict) on confident flips,
-   accuracy drop, point agreement and cosine p1, and the speedup, with two differences:
-   - the Wilson lower bound is not applied. It measures the sample's size, not damage: on the
-     319 validation inputs a bound of 0.98 needs 99.7 % agreement (318/319), while on the
-     1,617 held-out inputs verify judges 98.7 % reaches it. Verify applies it there;
-   - the speedup must beat fp32 (> 1.0) whatever `min_speedup` says: a candidate that is no
-     faster than the baseline it replaces is pointless.
+3. **Gate** (`validation_failures`): verify's rule itself (rollout.verdict.judge_comparison:
+   confident flips, accuracy drop, point agreement *and its Wilson lower bound*, cosine p1, the
+   slice table), so that a recipe `auto` serves is one `rollout verify` passes; the validation
+   split is cut as large as verify's held-out split (serve.regression) so that the bound has the
+   same power there. One addition: the speedup must beat fp32 (> 1.0) whatever `min_speedup`
+   says (a candidate no faster than the baseline it replaces is pointless). A candidate refused
+   by the bound alone (its point estimates pass) is marked `bound_only`: the console line and
+   `describe` (the startup log, `rollout status`) say so.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.agreement import Pair, Summary, margins, summarize
-from rollout.verdict import Thresholds, judge_summary
+from rollout.slices import SliceRow, pair_slice_counts, slice_table
+from rollout.verdict import Thresholds, bound_only, judge_comparison
 from serve.batching import served_batches
 
 SPEED_BATCHES = (8, 32)  # batch sizes the server forms under light and heavy load
@@ -59,7 +61,8 @@ class Evidence(BaseModel):
     error: str | None = None
     n: int = Field(0, ge=0)
     agreement: float | None = None
-    lower_bound: float | None = None  # reported, not judged (module docstring)
+    lower_bound: float | None = None  # the agreement's 95 % Wilson lower bound, judged
+    bound_only: bool = False  # refused by the lower bound alone: its point estimates pass
     confident_flips: int | None = None
     accuracy_drop: float | None = None  # None: no labelled validation input
     cosine_p1: float | None = None  # None: a classifier head has no embedding
@@ -99,11 +102,12 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
                         failures=(_too_slow(speedup, bar, beaten_by, speedups is screened),),
                         speedup=speedup, speedups=speedups, seconds=timer() - start,
                         decision=built.decision)
-    summary = _summary(baseline, built.model, texts, truth, thresholds.min_margin)
-    failures = validation_failures(thresholds, summary, speedup)
+    summary, slices = _compare(baseline, built.model, texts, truth, thresholds)
+    failures = validation_failures(thresholds, summary, speedup, slices)
     return Evidence(
         recipe=recipe, passed=not failures, failures=tuple(failures), n=summary.n,
         agreement=summary.agreement, lower_bound=summary.lower_bound,
+        bound_only=bound_only(thresholds, summary, speedup, slices),
         confident_flips=len(summary.confident), accuracy_drop=summary.accuracy_drop,
         cosine_p1=summary.cosine.p1 if summary.cosine else None, speedup=speedup,
         speedups=speedups, seconds=timer() - start, decision=built.decision,
@@ -122,18 +126,19 @@ def _too_slow(speedup: float, bar: float, beaten_by: tuple[str, float] | None,
         f"speedup {what} < {bar}x"
 
 
-def validation_failures(thresholds: Thresholds, summary: Summary, speedup: float) -> list[str]:
+def validation_failures(thresholds: Thresholds, summary: Summary, speedup: float,
+                        slices: Sequence[SliceRow] = ()) -> list[str]:
     """Every threshold the candidate misses on the validation split (module docstring, 3)."""
-    failures = judge_summary(thresholds.model_copy(update={"min_lower_bound": 0.0}), summary,
-                             speedup)
+    failures = judge_comparison(thresholds, summary, speedup, slices)
     if thresholds.min_speedup <= speedup <= 1.0:
         failures.append(f"speedup {speedup:.2f}x: no faster than fp32")
     return failures
 
 
-def _summary(baseline, model, texts: list[str], truth: Sequence[int | None] | None,
-             min_margin: float) -> Summary:
-    """Step 1: the paired comparison of fp32 (the baseline's own model) and `model`."""
+def _compare(baseline, model, texts: list[str], truth: Sequence[int | None] | None,
+             thresholds: Thresholds) -> tuple[Summary, list[SliceRow]]:
+    """Step 2: the paired comparison of fp32 (the baseline's own model) and `model`, and its
+    slice table as verify files it (rollout.slices)."""
     base_rows, cand_rows = baseline.rows(texts), baseline.rows(texts, model=model)
     base_scores = baseline.scores(base_rows).tolist()
     cand_scores = baseline.scores(cand_rows).tolist()
@@ -145,7 +150,10 @@ def _summary(baseline, model, texts: list[str], truth: Sequence[int | None] | No
         pairs.append(Pair(b_top, c_top, b_margin, c_margin,
                           cosine=cosines[i] if cosines else None,
                           truth=truth[i] if truth else None, index=i))
-    return summarize(pairs, min_margin=min_margin)
+    tokens = [len(ids) for ids in baseline.encode(texts).ids]
+    counts = pair_slice_counts(pairs, tokens, texts, baseline.labels, thresholds.min_margin)
+    return (summarize(pairs, min_margin=thresholds.min_margin),
+            slice_table(counts, thresholds.min_slice_size))
 
 
 def _speedups(baseline, model, texts: list[str], timer: Callable[[], float], *,

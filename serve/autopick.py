@@ -13,8 +13,11 @@ Algorithm (`choose`):
 2. **Measure** each against the fp32 baseline on the regression set's *validation* split
    (`measure`, serve._autopick_measure): inputs no recipe tuned on (a calibrated recipe tunes on
    the calibration split, serve.regression), so a candidate that only fits the inputs it was
-   tuned on is refused here, not served: verify's gate without the Wilson lower bound, and a
-   speedup on served batches that must beat fp32. A candidate that raises while being built or
+   tuned on is refused here, not served: verify's own rule (rollout.verdict.judge_comparison,
+   the Wilson lower bound and the slices included) on a split as large as verify's, so the
+   recipe served is one `rollout verify` passes, and a speedup on served batches that must beat
+   fp32. A candidate refused by the lower bound alone says so, on the console and in
+   `describe` (the startup log, `rollout status`). A candidate that raises while being built or
    measured (a missing runtime, "runs on CUDA only") is recorded as failed with its error; it
    never fails the pick.
 3. **Pick.** Among the passing candidates, the fastest wins (so a candidate no faster than an
@@ -69,7 +72,8 @@ from serve.regression import load_set
 
 log = logging.getLogger("canary.autopick")
 
-FORMAT = 2  # 2: measured on the validation split (1: on the calibration split)
+FORMAT = 3  # 3: verify's rule, bound included, on the 3/8 validation split (2: without the
+# bound on 1/8; 1: on the calibration split)
 TIE = 0.05  # speedups within 5 % of the fastest count as tied
 FALLBACK = {"cpu": "onnx-fp32", "cuda": "fp32"}
 ANSWER_SETTINGS = {"labels", "label_template", "max_tokens", "int8_target_agreement"}
@@ -185,12 +189,19 @@ def describe(choice: Choice) -> str:
     2026-11-30: 2.31x, 98.9 % agreement, 0 confident flips; bf16 not native)'."""
     day = time.strftime("%Y-%m-%d", time.gmtime(choice.at))
     notes = "".join(f"; {note}" for note in choice.notes)
+    notes += "".join(f"; {_bound_refusal(e)}" for e in choice.evidence if e.bound_only)
     found = choice.evidence_for(choice.recipe)
     if choice.fallback:
         return f"auto → {choice.recipe} (fallback, measured {day}: {choice.reason}{notes})"
     return (f"auto → {choice.recipe} (measured {day}: {found.speedup:.2f}x, "
             f"{found.agreement * 100:.1f} % agreement, {found.confident_flips} confident flips"
             f"{notes})")
+
+
+def _bound_refusal(found: Evidence) -> str:
+    """Why a candidate whose point estimates pass was refused, in a few words."""
+    return (f"{found.recipe} refused by the agreement bound alone ({found.agreement:.2%} "
+            f"agreement, 95% lower bound {found.lower_bound:.4f} on {found.n} inputs)")
 
 
 def choice_key(settings: Settings, *, weights: str, hardware: Hardware,
@@ -275,6 +286,9 @@ def _log_evidence(found: Evidence, progress) -> None:
     if found.passed:
         line = (f"auto: {found.recipe} passed: {found.speedup:.2f}x, {found.agreement:.2%} "
                 f"agreement, {found.confident_flips} confident flips ({found.seconds:.0f} s)")
+    elif found.bound_only:
+        line = (f"auto: {_bound_refusal(found)}: {found.failures[0]}; verify would refuse it "
+                f"too ({found.seconds:.0f} s)")
     else:
         reason = found.failures[0] if found.failures else "failed"
         line = f"auto: {found.recipe} refused: {reason} ({found.seconds:.0f} s)"

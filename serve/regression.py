@@ -16,16 +16,24 @@ on the inputs it was tuned or chosen on:
 
 - *calibration* (every 4th input: 0, 4, 8, ...): what a calibrated recipe tunes on (SmoothQuant
   alpha, the layers kept in fp32, any search: serve.ovint8, serve.onnxrt, serve.layer_plan);
-- *validation* (every 8th from 1: 1, 9, 17, ...): what `auto` chooses a recipe on
+- *validation* (3 of every 8: index % 8 in 1, 2, 3): what `auto` chooses a recipe on
   (serve.autopick), inputs no recipe tuned on;
-- *held-out* (the rest, 5 of every 8): what `rollout verify` gates on, inputs neither tuning nor
-  `auto` saw.
+- *held-out* (the other 3 of every 8: index % 8 in 5, 6, 7): what `rollout verify` gates on,
+  inputs neither tuning nor `auto` saw.
+
+Validation and held-out are cut the same size because `auto` judges its candidates with
+verify's rule, Wilson lower bound included: on a sample as large as verify's, a recipe verify
+would pass has the same power to pass there (on 319 inputs a bound of 0.98 needs 318 agreeing;
+on 930, 920).
 
 A text that occurs more than once belongs to the split of its first occurrence wherever it
-occurs, so that no input is judged on a copy of itself that was tuned on.
+occurs, so that no input is judged on a copy of itself that was tuned on. The judged splits
+(validation, held-out) count each distinct text once: its later copies are *folded* (`folded`
+says how many), so that one sentence repeated four times is not four flips. The calibration
+split keeps its copies: a recipe tunes on what it is given, weighted as given.
 
 A set other than the configured one (`rollout verify --set`) was seen by neither: verify then
-judges all of it (split `external`).
+judges all of it (split `external`), each distinct text once (`distinct`).
 """
 
 from __future__ import annotations
@@ -37,14 +45,15 @@ from pathlib import Path
 
 DEFAULT_SET = Path(__file__).resolve().parent / "data" / "regression.jsonl"
 CALIBRATION_EVERY = 4  # index % 4 == 0: calibration
-VALIDATION_EVERY, VALIDATION_AT = 8, 1  # index % 8 == 1: validation
+VALIDATION_EVERY, VALIDATION_AT = 8, (1, 2, 3)  # index % 8 in (1, 2, 3): validation
+JUDGED = ("validation", "held-out")  # the splits that count each distinct text once
 
 
 def split_at(index: int) -> str:
     """The split of the input first seen at `index` (module docstring)."""
     if index % CALIBRATION_EVERY == 0:
         return "calibration"
-    return "validation" if index % VALIDATION_EVERY == VALIDATION_AT else "held-out"
+    return "validation" if index % VALIDATION_EVERY in VALIDATION_AT else "held-out"
 
 
 class RegressionSetError(ValueError):
@@ -78,13 +87,27 @@ class RegressionSet:
         return self._split("validation")
 
     def held_out(self) -> list[int]:
-        """The inputs neither calibration nor `auto`'s validation saw."""
+        """The inputs neither calibration nor `auto`'s validation saw, each text once."""
         return self._split("held-out")
 
-    def _split(self, name: str) -> list[int]:
+    def distinct(self) -> list[int]:
+        """Every text's first occurrence: an external set judged whole, each text once."""
         first: dict[str, int] = {}
         return [i for i, example in enumerate(self.examples)
-                if split_at(first.setdefault(example.text, i)) == name]
+                if first.setdefault(example.text, i) == i]
+
+    def folded(self, name: str) -> int:
+        """How many later copies of a text the judged split `name` leaves out."""
+        return len(self._split(name, fold=False)) - len(self._split(name))
+
+    def _split(self, name: str, *, fold: bool | None = None) -> list[int]:
+        """The indices of split `name`; `fold` (default: for the judged splits) keeps only
+        each text's first occurrence."""
+        fold = name in JUDGED if fold is None else fold
+        first: dict[str, int] = {}
+        return [i for i, example in enumerate(self.examples)
+                if split_at(at := first.setdefault(example.text, i)) == name
+                and not (fold and at != i)]
 
     def limited(self, limit: int | None) -> RegressionSet:
         """The first `limit` inputs (all when None); the digest names the slice."""

@@ -12,8 +12,8 @@ import json
 
 from ops.cli.args import UsageError, default_actor
 from ops.verify.report import document, human
-from rollout import Settings, StoreUnavailable, Verdict, judge_summary, thresholds_from
-from rollout.verdict import Thresholds, judge_slices, worst_slice
+from rollout import Settings, StoreUnavailable, Verdict, thresholds_from
+from rollout.verdict import Thresholds, judge_comparison, worst_slice
 from serve.regression import RegressionSetError
 
 
@@ -53,8 +53,7 @@ def verify(ctx, settings: Settings) -> int:
 def _verdict(ctx, report, thresholds: Thresholds, *, speed_judged: bool) -> Verdict:
     """The verdict of `report`, recording what it was judged with (rollout.verdict)."""
     s = report.summary
-    failures = judge_summary(thresholds, s, report.speedup) + judge_slices(thresholds,
-                                                                          report.slices)
+    failures = judge_comparison(thresholds, s, report.speedup, report.slices)
     worst = worst_slice(report.slices)
     return Verdict(
         baseline_version=report.baseline.version, optimized_version=report.optimized.version,

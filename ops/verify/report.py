@@ -42,6 +42,7 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "agreement_lower_bound": s.lower_bound,
         "agreement_upper_bound": s.upper_bound,
         "split": report.split,
+        "folded": report.folded,
         "calibration": _brief(report.calibration),
         "slices": [row.as_dict() for row in report.slices],
         "cosine": None if s.cosine is None else vars(s.cosine),
@@ -90,7 +91,8 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         f"optimized  {report.optimized.version}",
         f"set        {report.regression.path} ({len(report.regression)} inputs, {labelled} "
         f"labelled, sha256 {report.regression.digest})",
-        f"judged     {s.n} inputs, {SPLITS[report.split]}",
+        f"judged     {s.n} distinct inputs ({report.folded} later copies folded), "
+        f"{SPLITS[report.split]}",
     ]
     if report.optimized.plan is not None:
         from serve.layer_plan import describe

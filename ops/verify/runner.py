@@ -29,7 +29,8 @@ The agreement pass batches inputs by length (little padding, as a token-budget b
 recognised by its digest, whatever path `--set` names) the gate judges the *held-out* split
 only (serve.regression: inputs neither a recipe's tuning nor `auto`'s choice saw); the
 calibration split's figures are reported beside them, labelled, and judged by nothing. Another
-set is judged whole (split `external`). Every judged input is also filed under its slices
+set is judged whole (split `external`). Either way each distinct text counts once: later
+copies are folded, and the report says how many. Every judged input is also filed under its slices
 (rollout.slices: script, length bucket in the baseline's tokens, baseline label), each slice
 reported with agreement, confident flips and Wilson bound, worst first; the gate judges the
 worst slice with at least `verify_min_slice_size` inputs.
@@ -51,7 +52,7 @@ import torch
 
 from rollout.agreement import Pair, Summary, margins, summarize
 from rollout.settings import Settings
-from rollout.slices import SliceCounts, SliceRow, slice_table, slices_of
+from rollout.slices import SliceRow, pair_slice_counts, slice_table
 from serve.batching import served_batches
 from serve.regression import RegressionSet, load_set
 from serve.variants import Variant, check_labels, labels_of
@@ -68,6 +69,7 @@ class Report:
     split: str  # "held-out" or "external" (rollout.verdict)
     calibration: Summary | None  # held-out mode: the calibration split, shown, not judged
     slices: list[SliceRow] = field(default_factory=list)  # the judged inputs', worst first
+    folded: int = 0  # later copies of a judged text left out (each distinct text counts once)
     throughput: list[dict] = field(default_factory=list)
     memory: dict = field(default_factory=dict)
     speedup: float | None = None  # served (length-sorted) batches at verify_speed_batch
@@ -172,29 +174,19 @@ def _judged(settings: Settings, baseline: Variant, optimized: Variant,
     """The report's agreement part: the judged split's summary and slices, and the calibration
     split's summary beside them (held-out mode)."""
     split, margin = split_of(settings, regression), settings.verify_min_margin
-    judged = pairs
+    judged = [pairs[i] for i in regression.distinct()]
     calibration = None
     if split == "held-out":
         judged = [pairs[i] for i in regression.held_out()]
         calibration = summarize([pairs[i] for i in regression.calibration()], min_margin=margin)
+    folded = (regression.folded("held-out") if split == "held-out"
+              else len(regression) - len(judged))
     tokens = [len(ids) for ids in baseline.encode([regression.texts[p.index]
                                                    for p in judged]).ids]
-    slices = slice_table(slice_counts(judged, tokens, regression.texts, baseline.labels, margin),
-                         settings.verify_min_slice_size)
+    counts = pair_slice_counts(judged, tokens, regression.texts, baseline.labels, margin)
     return Report(baseline, optimized, regression, summarize(judged, min_margin=margin), split,
-                  calibration, slices)
-
-
-def slice_counts(pairs: list[Pair], tokens: list[int], texts: list[str],
-                 labels: tuple[str, ...], min_margin: float) -> dict[str, tuple[int, int, int]]:
-    """Slice -> (inputs, agreed, confident flips) over `pairs` (`tokens[k]`: pair k's input's
-    length in the baseline's tokens)."""
-    counts = SliceCounts()
-    for pair, length in zip(pairs, tokens, strict=True):
-        agreed = pair.baseline == pair.optimized
-        counts.add(slices_of(texts[pair.index], length, labels[pair.baseline]), agreed,
-                   not agreed and pair.baseline_margin >= min_margin)
-    return counts.counts
+                  calibration, slice_table(counts, settings.verify_min_slice_size),
+                  folded=folded)
 
 
 def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:

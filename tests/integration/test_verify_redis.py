@@ -40,7 +40,7 @@ def test_verdict_is_stored_in_redis(redis_url, tiny, monkeypatch):
         assert verdict is not None
         assert verdict.passed == doc["passed"] == (code == 0)
         held_out = len(load_set().limited(12).held_out())  # judged: the held-out split
-        assert verdict.agreement == doc["agreement"] and verdict.n == held_out == 7
+        assert verdict.agreement == doc["agreement"] and verdict.n == held_out == 3
         assert verdict.split == "held-out" and verdict.thresholds is not None
         assert verdict.by == "ci" and verdict.recipe == "bf16"
         assert store.get_verdict(doc["optimized_version"], doc["baseline_version"]) is None

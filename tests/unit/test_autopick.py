@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rollout import FakeClock, Settings
+from rollout.agreement import wilson_interval
 from rollout.verdict import thresholds_from
 from serve.autopick import (
     Choice,
@@ -61,7 +62,7 @@ class StubMeasure:
     def __call__(self, baseline, recipe, texts, thresholds, *, truth=None, progress=None,
                  beaten_by=None):
         self.calls.append(recipe)
-        assert len(texts) == 319 and len(truth) == 319  # the shipped set's validation split
+        assert len(texts) == 931 and len(truth) == 931  # the shipped set's validation split
         outcome = self.results[recipe]
         if isinstance(outcome, Exception):
             raise outcome
@@ -303,8 +304,12 @@ class StubVariant:
     has_head = False
     labels = LABELS
 
-    def __init__(self, builds: dict, clock: FakeClock):
+    def __init__(self, builds: dict, clock: FakeClock, near_ties: frozenset[int] = frozenset()):
         self.builds, self.clock, self.index = builds, clock, {}
+        self.near_ties = near_ties  # more near ties than i % 100 == 1
+
+    def near_tie(self, i):
+        return i % 100 == 1 or i in self.near_ties
 
     def build(self, recipe, progress=None):
         outcome = self.builds[recipe]
@@ -319,12 +324,12 @@ class StubVariant:
         return SimpleNamespace(ids=[[self._id(t)] * (1 + len(t) % 7) for t in texts])
 
     def base_row(self, i):
-        values = NEAR_TIE if i % 100 == 1 else CONFIDENT
+        values = NEAR_TIE if self.near_tie(i) else CONFIDENT
         return _unit(*values).roll(i % 3)
 
     def row(self, i, model):
         row = self.base_row(i)
-        if model is not None and (i in model.flips or (model.flips_near_ties and i % 100 == 1)
+        if model is not None and (i in model.flips or (model.flips_near_ties and self.near_tie(i))
                                   or self._overfit(i, model)):
             return _swap_top_two(row)
         return row
@@ -359,18 +364,31 @@ def _measure(model, *, truth=None, n=200):
                    timer=clock.monotonic)
 
 
-def test_measure_passes_near_tie_flips_without_the_lower_bound():
-    truth = [None if i % 100 == 1 else i % 3 for i in range(200)]
-    found = _measure(StubModel(cost=1.0, flips_near_ties=True), truth=truth)
+def test_measure_passes_near_tie_flips_within_the_bound():
+    truth = [None if i % 100 == 1 else i % 3 for i in range(1000)]
+    found = _measure(StubModel(cost=1.0, flips_near_ties=True), truth=truth, n=1000)
 
-    assert (found.n, found.agreement, found.confident_flips) == (200, 0.99, 0)
-    assert found.lower_bound < 0.98  # verify's bound would fail 198/200; calibration ignores it
+    assert (found.n, found.agreement, found.confident_flips) == (1000, 0.99, 0)
+    assert found.lower_bound == pytest.approx(wilson_interval(990, 1000)[0])
+    assert found.lower_bound > 0.98
     assert found.accuracy_drop == 0.0
     assert found.cosine_p1 == pytest.approx(0.9999, abs=1e-4)
     assert found.speedups == {8: 3.0, 32: 3.0} and found.speedup == 3.0
-    assert found.passed and found.failures == ()
+    assert found.passed and found.failures == () and not found.bound_only
     assert found.decision == {"recipe": "onnx-int8"}
     assert found.seconds > 0
+
+
+def test_measure_refuses_what_only_the_bound_fails_as_verify_does():
+    """198/200 agree with no confident flip: the point estimate passes 0.98, the Wilson lower
+    bound does not, and verify's rule (the same function) refuses it on the same figures."""
+    found = _measure(StubModel(cost=1.0, flips_near_ties=True))
+
+    assert (found.n, found.agreement, found.confident_flips) == (200, 0.99, 0)
+    assert found.lower_bound == pytest.approx(wilson_interval(198, 200)[0])
+    assert found.lower_bound < 0.98
+    assert found.failures == (f"agreement lower bound {found.lower_bound:.4f} < 0.98",)
+    assert not found.passed and found.bound_only
 
 
 def test_measure_fails_a_confident_flip_and_the_accuracy_it_costs():
@@ -380,8 +398,9 @@ def test_measure_fails_a_confident_flip_and_the_accuracy_it_costs():
     assert (found.agreement, found.confident_flips) == (0.985, 1)
     assert found.accuracy_drop == pytest.approx(3 / 200)
     assert found.failures == ("1 confident flips (baseline margin >= 0.05) > 0",
-                              "accuracy drop 0.0150 > 0.01")
-    assert not found.passed
+                              "accuracy drop 0.0150 > 0.01",
+                              f"agreement lower bound {found.lower_bound:.4f} < 0.98")
+    assert not found.passed and not found.bound_only
 
 
 def test_measure_fails_a_candidate_no_faster_than_fp32_without_measuring_agreement():
@@ -418,7 +437,7 @@ def test_choose_with_real_measure_on_the_calibration_split(settings):
     assert ct2.recipe == "ct2-int8" and not ct2.passed and ct2.error is None
     assert ct2.failures == ("speedup 1.00x: no faster than fp32",)
     assert int8.error == "RuntimeError: ov-int8 runs on CPU only"
-    assert fp32.n == 319 and fp32.passed and fp32.speedup == 1.5
+    assert fp32.n == 931 and fp32.passed and fp32.speedup == 1.5
     assert Choice.model_validate_json(choice.model_dump_json()) == choice
 
 
@@ -444,3 +463,30 @@ def test_a_candidate_tuned_to_the_calibration_split_is_refused_on_the_validation
     assert slower.failures == ("cannot win: 1.20x, no faster than ct2-int8 (1.50x), which "
                                "passed and is preferred",)
     assert slower.agreement is None and slower.n == 0 and not slower.passed
+
+
+def test_a_candidate_whose_point_estimate_passes_and_bound_fails_is_not_served(settings):
+    """bf16 (fastest, preferred) flips 14 near ties of the 931 validation inputs: 98.5 %
+    agreement passes the 0.98 point bar, its Wilson lower bound (0.975) does not. verify would
+    refuse it, so `auto` serves the next candidate that passes, and says why on the console
+    and in `describe` (what `rollout status` shows)."""
+    clock, lines = FakeClock(start=0.0), []
+    variant = StubVariant({
+        "bf16": StubModel(cost=0.5, flips_near_ties=True),
+        "ov-int8": StubModel(cost=1.0),
+        "ct2-int8": StubModel(cost=2.0),
+        "onnx-fp32": StubModel(cost=2.5),
+    }, clock, near_ties=frozenset(range(3, 50, 12)))
+    choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE,
+                    measure=functools.partial(measure, timer=clock.monotonic), clock=clock,
+                    progress=lambda line, _: lines.append(line))
+
+    bf16 = choice.evidence_for("bf16")
+    assert bf16.n == 931 and bf16.confident_flips == 0 and 0.98 <= bf16.agreement < 0.99
+    assert bf16.lower_bound < 0.98 and bf16.bound_only and not bf16.passed
+    assert bf16.failures == (f"agreement lower bound {bf16.lower_bound:.4f} < 0.98",)
+    assert (choice.recipe, choice.fallback) == ("ov-int8", False)
+    assert any(line.startswith("auto: bf16 refused by the agreement bound alone (")
+               for line in lines)
+    assert f"; bf16 refused by the agreement bound alone ({bf16.agreement:.2%} agreement, " \
+        f"95% lower bound {bf16.lower_bound:.4f} on 931 inputs)" in describe(choice)

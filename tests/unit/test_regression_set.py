@@ -32,11 +32,32 @@ def test_shipped_set_is_big_varied_and_small_on_disk():
     assert len(labelled) > 1000 and {e.label for e in labelled} == set(DEFAULT_LABELS)
     splits = [set(regression.calibration()), set(regression.validation()),
               set(regression.held_out())]
-    assert sum(map(len, splits)) == len(regression)  # every input in exactly one split
-    assert set.union(*splits) == set(range(len(regression)))
+    folded = regression.folded("validation") + regression.folded("held-out")
+    assert folded > 0 and regression.folded("calibration") == 0  # tuning keeps its copies
+    assert sum(map(len, splits)) == len(regression) - folded  # each input in one split at most
     texts = [{regression.texts[i] for i in split} for split in splits]
     assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])  # no copies
-    assert len(splits[2]) >= len(regression) * 0.6  # most is held out
+    assert set.union(*texts) == set(regression.texts)  # every text is in one
+    for judged in splits[1:]:  # each distinct text once in a judged split
+        assert len({regression.texts[i] for i in judged}) == len(judged)
+    # validation as large as the held-out split: auto's bound has verify's power
+    assert abs(len(splits[1]) - len(splits[2])) <= 0.02 * len(regression)
+    assert len(splits[2]) >= len(regression) * 0.35
+
+
+def test_a_judged_split_counts_a_repeated_text_once(tmp_path):
+    """Index 5 and 6 (held-out by index) and 9 repeat the text first seen at 1 (validation):
+    they keep its split and are folded into that first occurrence, counted once."""
+    path = tmp_path / "dups.jsonl"
+    texts = [f"text {i}" for i in range(10)]
+    texts[5] = texts[6] = texts[9] = texts[1]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    regression = load_set(path)
+
+    assert regression.validation() == [1, 2, 3]
+    assert regression.held_out() == [7]
+    assert (regression.folded("validation"), regression.folded("held-out")) == (3, 0)
+    assert regression.distinct() == [0, 1, 2, 3, 4, 7, 8]
 
 
 def test_generation_is_deterministic():

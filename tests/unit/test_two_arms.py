@@ -219,7 +219,7 @@ def test_verify_compares_the_two_configured_arms(env, v1, v2):
     assert (doc["baseline_version"], doc["optimized_version"]) == (
         expected["baseline"], expected["optimized"])
     assert doc["baseline_version"] != doc["optimized_version"]  # both fp32, other weights
-    assert doc["n"] == judged == 15 and doc["stored"] is True
+    assert doc["n"] == judged == 9 and doc["stored"] is True
     assert doc["cosine"]["min"] < 0.99999  # other weights: not fp32 compared with itself
     verdict = store.get_verdict(expected["baseline"], expected["optimized"])
     assert verdict.passed and verdict.n == judged and verdict.recipe == "fp32"

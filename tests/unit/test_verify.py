@@ -58,7 +58,7 @@ def test_json_report_and_stored_verdict(env):
     held = load_set().limited(40).held_out()  # judged: neither tuning nor `auto` saw them
     assert doc["n"] == len(held) and doc["split"] == "held-out" and doc["recipe"] == "bf16"
     assert doc["calibration"]["n"] == 10 and doc["calibration"]["judged"] is False
-    assert len(held) == 25
+    assert len(held) == 15 and doc["folded"] == load_set().limited(40).folded("held-out")
     assert doc["baseline_version"].startswith("fp32-")
     assert doc["optimized_version"].startswith("bf16-")
     assert 0 <= doc["agreement_lower_bound"] <= doc["agreement"] <= 1
@@ -258,5 +258,5 @@ def test_the_configured_set_is_judged_on_its_held_out_split_only(env):
     assert code == 1, err
     assert doc["calibration"]["agreement"] == 1.0
     assert doc["calibration"]["n"] == len(split.calibration()) == 21  # one copy of an input
-    assert doc["split"] == "held-out" and doc["n"] == len(split.held_out()) == 49
+    assert doc["split"] == "held-out" and doc["n"] == len(split.held_out()) == 29
     assert doc["agreement"] < 0.5

@@ -34,7 +34,7 @@ def crafted_report():
         optimized=SimpleNamespace(version="int8-bbb", recipe="int8-dynamic", plan=None),
         regression=regression, summary=summarize(pairs), split="external", calibration=None,
         slices=slice_table({"script:latin": (100, 97, 2), "script:han": (3, 0, 0)}, 30),
-        throughput=throughput, memory={}, speedup=2.5, speedup_set_order=1.5)
+        throughput=throughput, memory={}, speedup=2.5, speedup_set_order=1.5, folded=3)
 
 
 def judged(report, thresholds):
@@ -88,7 +88,8 @@ def test_the_slice_table_shows_every_slice_worst_judged_first():
     table = out.split("by slice, worst first (judged: >= 30 inputs")[1].splitlines()
     assert table[2].split() == ["script:latin", "100", "97.00%", "91.55%", "2", "yes"]
     assert table[3].split()[:2] == ["script:han", "3"] and table[3].split()[-1] == "no"
-    assert "judged     100 inputs, all of it: a set other than the configured one" in out
+    assert ("judged     100 distinct inputs (3 later copies folded), all of it: a set other "
+            "than the configured one") in out
     doc = document(report, judged(report, thresholds), thresholds, stored=False)
     assert [row["slice"] for row in doc["slices"]] == ["script:latin", "script:han"]
-    assert doc["split"] == "external" and doc["calibration"] is None
+    assert doc["split"] == "external" and doc["calibration"] is None and doc["folded"] == 3
