@@ -33,7 +33,8 @@ class Rollout(KillSwitch):
         return self.store.get()
 
     def _write(self, before: RolloutState, *, actor: str, action: str, reason: str, **changes):
-        stamped = stamp(before, actor=actor, reason=reason, now=self.clock.time())
+        seen = max((r.state_revision for r in self.store.deployments()), default=0)
+        stamped = stamp(before, actor=actor, reason=reason, now=self.clock.time(), seen=seen)
         after = before.model_copy(update=dict(changes, **stamped))
         RolloutState.model_validate(after.model_dump())  # re-check field bounds
         return self.store.compare_and_set(before, after, actor=stamped["updated_by"],

@@ -8,6 +8,9 @@
     ├── RampNotAllowed      the ramp is not in a state that allows this (none running, ...)
     ├── LeaseLost           a ramp controller wrote without holding its lease
     ├── NotAcknowledged     a write reached the Redis primary, but too few replicas confirmed it
+    ├── StoreRefused        the store answered with an error (READONLY, OOM, MISCONF, BUSY, a
+    │                       script error, a key of the wrong type)
+    ├── StateUnreadable     the store holds a document this version cannot read
     └── StoreUnavailable    the state store cannot be reached
 
 Nothing here knows about HTTP or processes: the dashboard and the CLI map these at their edges,
@@ -59,6 +62,43 @@ class NotAcknowledged(RolloutError):
     it (`WAIT`) in time: a failover could lose it (rollout.redis_conn)."""
 
 
+class StoreRefused(RolloutError):
+    """The store was reached and answered with an error: a demoted primary (READONLY), a full
+    memory (OOM under `noeviction`), failed snapshots (MISCONF), a busy script (BUSY), a script
+    error or a key of the wrong type. `kind` is the error's first word (`READONLY`, `OOM`, ...),
+    what the watcher counts by; `transient` as StoreUnavailable's: most of these heal (a failover
+    ends, memory is freed), a script error does not."""
+
+    transient = True
+
+    def __init__(self, message: str, kind: str = "ERR"):
+        super().__init__(message)
+        self.kind = kind
+
+    @classmethod
+    def from_reply(cls, reply: str, where: str) -> StoreRefused:
+        """Redis' error `reply` from `where` (a URL, its password already redacted); its kind
+        is the reply's first word (`SCRIPT` for a script's own error)."""
+        first = reply.split(" ", 1)[0]
+        kind = first if first.isupper() and first.isalpha() else "ERR"
+        if kind == "ERR" and "script" in reply.lower():
+            kind = "SCRIPT"
+        error = cls(f"Redis at {where} answered: {reply.splitlines()[0]}", kind)
+        error.transient = kind in TRANSIENT_REPLIES
+        return error
+
+
+# the error replies that heal by themselves: a failover ends, memory is freed, a snapshot
+# succeeds again, a script or a pause ends
+TRANSIENT_REPLIES = ("READONLY", "OOM", "MISCONF", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN",
+                     "NOREPLICAS")
+
+
+class StateUnreadable(RolloutError, ValueError):
+    """The store holds a document this version cannot read (not JSON, a field of the wrong
+    type, a share out of bounds): routed as stale, never served from."""
+
+
 class StoreUnavailable(RolloutError, ConnectionError):
     """The state store cannot be reached (connection refused, timeout, auth failure).
     `transient` is False where trying again cannot help (a refused password): the kill, which
@@ -89,6 +129,8 @@ ANSWERS: tuple[tuple[type[RolloutError], EdgeAnswer], ...] = (
     (RampNotAllowed, EdgeAnswer(1, 409)),
     (PermissionDenied, EdgeAnswer(1, 503)),
     (NotAcknowledged, EdgeAnswer(1, 503)),
+    (StoreRefused, EdgeAnswer(1, 503)),
+    (StateUnreadable, EdgeAnswer(1, 503)),
     (StoreUnavailable, EdgeAnswer(1, 503)),
     (RolloutError, EdgeAnswer(1, None)),
 )

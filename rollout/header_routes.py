@@ -60,9 +60,10 @@ def value_problem(value: str) -> str | None:
 
 
 class Route(BaseModel):
-    """One header route: requests whose `header` is one of `values` go to `arm`."""
+    """One header route: requests whose `header` is one of `values` go to `arm`. Fields a newer
+    version stores are kept (as RolloutState's)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="allow")
 
     id: str = Field(pattern=_ID.pattern, description="r1, r2, ...: stable, in creation order")
     header: str = Field(description="the HTTP header name, lower-case")

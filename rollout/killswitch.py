@@ -11,8 +11,8 @@ States are `SwitchState`s, plain dataclasses with `RolloutState`'s fields, read 
 as the JSON `RolloutState.model_dump_json()` writes (tests/unit/test_cli_kill.py holds the two to
 each other). A stored state that is not exactly such a document (written by hand, or by another
 tool) is read by `RolloutState` itself, imported for it: what pydantic accepts is written back in
-its canonical form, as `Rollout.kill` would; what it refuses raises its ValidationError, and the
-switch writes nothing.
+its canonical form, as `Rollout.kill` would; what it refuses raises StateUnreadable, and the
+switch writes nothing. Fields a newer version wrote are kept on every write (`extra`).
 
 `RedisPyConnection` answers as a resp_client connection does, through redis-py: the transport for
 a Redis URL with an option resp_client does not implement (rollout.resp_client says which).
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
-from rollout.change import KillSwitch, stamp
+from rollout.change import KillSwitch, highest_seen, stamp
 from rollout.clock import Clock, SystemClock
 from rollout.errors import RevisionConflict
 from rollout.redis_conn import Acknowledgement
@@ -40,7 +40,9 @@ class Unrecognised(ValueError):
 
 @dataclass(frozen=True)
 class SwitchState:
-    """`RolloutState`'s fields, in its order (that order is the stored JSON's)."""
+    """`RolloutState`'s fields, in its order (that order is the stored JSON's), and `extra`:
+    the fields a newer version wrote that this one does not know, kept as they are and written
+    back after the others (as `RolloutState`, which allows extra fields, dumps them)."""
 
     canary_bp: int = 0
     kill: bool = False
@@ -51,6 +53,7 @@ class SwitchState:
     updated_by: str = ""
     reason: str = ""
     routes: tuple = ()  # header routes (rollout.header_routes) as stored: kept as they are, unread
+    extra: tuple = ()  # (name, value) of every field this version does not know, in order
 
     @property
     def effective_bp(self) -> int:
@@ -59,16 +62,18 @@ class SwitchState:
 
     @classmethod
     def from_json(cls, raw: str) -> SwitchState:
-        """Read a stored state; Unrecognised unless it has exactly these fields, well typed."""
+        """Read a stored state; Unrecognised unless it has these fields (and maybe others
+        unknown here), well typed."""
         doc = json.loads(raw)
-        names = [f.name for f in fields(cls)]
+        known = _known_fields()
+        names = {f.name for f in known}
         if isinstance(doc, dict):
             doc.setdefault("routes", [])  # a state stored before routes existed
-        if not isinstance(doc, dict) or sorted(doc) != sorted(names):
-            raise Unrecognised("the stored state has other fields")
+        if not isinstance(doc, dict) or not names <= set(doc):
+            raise Unrecognised("the stored state lacks some fields")
         if doc["routes"] == {}:  # Lua's cjson writes an empty list as {} (redis-cli kill)
             doc["routes"] = []
-        for f in fields(cls):
+        for f in known:
             value, kind = doc[f.name], _TYPES[f.type]
             if kind is float and type(value) is int:  # e.g. written by redis-cli's cjson
                 doc[f.name] = value = float(value)
@@ -76,21 +81,23 @@ class SwitchState:
                 raise Unrecognised(f"the stored {f.name} is not a {f.type}")
         if not all(isinstance(route, dict) for route in doc["routes"]):
             raise Unrecognised("the stored routes are not objects")
-        state = cls(**dict(doc, routes=tuple(doc["routes"])))
+        state = cls(**{f.name: doc[f.name] for f in known if f.name != "routes"},
+                    routes=tuple(doc["routes"]),
+                    extra=tuple((k, v) for k, v in doc.items() if k not in names))
         if not (0 <= state.canary_bp <= BUCKETS and state.revision >= 0):
             raise Unrecognised("the stored state is out of bounds")
         return state
 
     @classmethod
     def read(cls, raw: str) -> SwitchState:
-        """A stored state: exactly as written here, else as RolloutState reads it (pydantic,
-        imported now; its ValidationError when it refuses the document)."""
+        """A stored state: as written here, else as RolloutState reads it (pydantic, imported
+        now); StateUnreadable when it refuses the document."""
         try:
             return cls.from_json(raw)
         except ValueError:  # Unrecognised, or not JSON
-            from rollout.state import RolloutState
+            from rollout.redis_store import read_state
 
-            return cls.from_json(RolloutState.model_validate_json(raw).model_dump_json())
+            return cls.from_json(read_state(raw).model_dump_json())
 
     def model_copy(self, *, update: dict) -> SwitchState:
         """A copy with `update` applied: the call RolloutState answers to, so that the CLI's
@@ -99,7 +106,14 @@ class SwitchState:
 
     def to_json(self) -> str:
         """The JSON `RolloutState.model_dump_json()` writes for the same state."""
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        doc = {f.name: getattr(self, f.name) for f in _known_fields()}
+        doc.update(self.extra)
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _known_fields():
+    """SwitchState's fields that are RolloutState's (all but `extra`)."""
+    return [f for f in fields(SwitchState) if f.name != "extra"]
 
 
 class QuickSwitch(KillSwitch):
@@ -122,7 +136,8 @@ class QuickSwitch(KillSwitch):
 
     def _write(self, before: SwitchState, *, actor: str, action: str, reason: str,
                **changes) -> SwitchState:
-        stamped = stamp(before, actor=actor, reason=reason, now=self.clock.time())
+        seen = highest_seen(self.conn.call("HVALS", self.keys.deployed) or [])
+        stamped = stamp(before, actor=actor, reason=reason, now=self.clock.time(), seen=seen)
         after = replace(before, **changes, **stamped)
         keys = self.keys
         ok, current = self.conn.script(

@@ -82,10 +82,15 @@ class Keys:
         return self.prefix + "telemetry:targets"
 
 
+# The control plane's scripts run with `allow-oom` (Redis >= 7.0): a Redis whose memory is full
+# under `noeviction` refuses every other write, and still takes a kill, a share change or an
+# audit note (each a few hundred bytes). The gateway's own data never runs so.
+ALLOW_OOM = "#!lua flags=allow-oom\n"
+
 # The one write of the state. KEYS: state, history, audit. ARGV: before revision, after
 # revision, after JSON, ts, actor, action, reason, before JSON ('' for none), channel.
 # Returns {1, after revision}, or {0, current revision} when the state moved meanwhile.
-CAS = """
+CAS = ALLOW_OOM + """
 local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
 if current ~= tonumber(ARGV[1]) then
   return {0, current}
@@ -100,7 +105,7 @@ return {1, tonumber(ARGV[2])}
 
 # An audit entry that changes nothing: the current state as both before and after.
 # KEYS: state, audit. ARGV: ts, actor, action, reason, default state JSON, detail JSON.
-NOTE = """
+NOTE = ALLOW_OOM + """
 local state = redis.call('HGET', KEYS[1], 'json')
 local revision = redis.call('HGET', KEYS[1], 'revision') or '0'
 local before = state or ''

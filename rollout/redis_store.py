@@ -15,8 +15,16 @@ from __future__ import annotations
 import json
 
 import redis
+from pydantic import ValidationError
 
-from rollout.errors import PermissionDenied, RevisionConflict, RevisionNotFound, StoreUnavailable
+from rollout.errors import (
+    PermissionDenied,
+    RevisionConflict,
+    RevisionNotFound,
+    StateUnreadable,
+    StoreRefused,
+    StoreUnavailable,
+)
 from rollout.redis_conn import (
     Acknowledgement,
     durable_script,
@@ -43,8 +51,9 @@ def unavailable(exc: Exception, url: str) -> StoreUnavailable:
 
 
 def call_redis(url: str, fn, *args, **kwargs):
-    """One Redis call: connection trouble becomes StoreUnavailable and a refused permission
-    PermissionDenied, with the URL's password masked in either message."""
+    """One Redis call: connection trouble becomes StoreUnavailable, a refused permission
+    PermissionDenied and any other error reply StoreRefused (READONLY, OOM, MISCONF, BUSY, a
+    script error), with the URL's password masked in each message."""
     try:
         return fn(*args, **kwargs)
     except UNAVAILABLE as exc:
@@ -52,6 +61,33 @@ def call_redis(url: str, fn, *args, **kwargs):
     except redis.exceptions.NoPermissionError as exc:
         raise PermissionDenied(
             f"Redis at {redact_url(url)} refused: {str(exc).splitlines()[0]}"
+        ) from None
+    except redis.RedisError as exc:  # ResponseError and its kinds, DataError, ...
+        raise StoreRefused.from_reply(_reply_text(exc), redact_url(url)) from None
+
+
+def _reply_text(exc: Exception) -> str:
+    """The error reply as Redis worded it: redis-py strips the first word of the kinds it has
+    a type for (READONLY, OOM, NOSCRIPT, ERR...) and keeps it as `status_code`."""
+    text = str(exc) or type(exc).__name__
+    word = getattr(exc, "status_code", None)
+    if isinstance(word, str) and word and not text.startswith(word):
+        return f"{word} {text}"
+    return text
+
+
+def read_state(raw: str | None):
+    """A stored state's JSON as a RolloutState (the default when there is none); a document
+    this version cannot read is StateUnreadable."""
+    if not raw:
+        return RolloutState()
+    try:
+        return RolloutState.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the document"
+        raise StateUnreadable(
+            f"the stored rollout state cannot be read by this version: {where}: {first['msg']}"
         ) from None
 
 
@@ -116,8 +152,7 @@ class RedisStateStore(StateStore):
         self._call(self._client.ping)
 
     def get(self) -> RolloutState:
-        raw = self._call(self._client.hget, self.state_key, "json")
-        return RolloutState.model_validate_json(raw) if raw else RolloutState()
+        return read_state(self._call(self._client.hget, self.state_key, "json"))
 
     def compare_and_set(self, before, after, *, actor, action, reason):
         check_successor(before, after)

@@ -48,7 +48,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlparse
 
-from rollout.errors import PermissionDenied, StoreUnavailable
+from rollout.errors import PermissionDenied, StoreRefused, StoreUnavailable
 from rollout.redis_conn import FALSE_WORDS, SentinelURL, is_sentinel, parse_sentinel_url, redact_url
 
 OPTIONS = {"db", "username", "password", "client_name", "socket_timeout",
@@ -364,8 +364,9 @@ def _command(args) -> bytes:
 def rollout_error(exc: BaseException, url: str) -> BaseException:
     """`exc` as the rollout's error, as rollout.redis_store reports redis-py's (the URL's
     password redacted): refused credentials, the transport or a failover reply is
-    StoreUnavailable (transient unless the credentials were refused), NOPERM PermissionDenied;
-    anything else is returned as it is."""
+    StoreUnavailable (transient unless the credentials were refused), NOPERM PermissionDenied,
+    any other error reply (OOM, MISCONF, a script error) StoreRefused; anything else is
+    returned as it is."""
     safe = redact_url(url)
     if isinstance(exc, ReplyError) and str(exc).startswith("NOPERM"):
         return PermissionDenied(f"Redis at {safe} refused: {str(exc).partition(' ')[2]}")
@@ -375,4 +376,6 @@ def rollout_error(exc: BaseException, url: str) -> BaseException:
         return error
     if retryable(exc):
         return StoreUnavailable(f"cannot reach Redis at {safe}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, ReplyError):
+        return StoreRefused.from_reply(str(exc), safe)
     return exc

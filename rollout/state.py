@@ -16,9 +16,14 @@ __all__ = ["BUCKETS", "AuditEntry", "DeploymentReport", "RolloutState", "format_
 
 
 class RolloutState(BaseModel):
-    """What every gateway routes by. Each change bumps `revision` by exactly one."""
+    """What every gateway routes by. Each change bumps `revision` (by one, or past the highest
+    revision a gateway reports having seen: rollout.change.stamp).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Fields a newer version writes are read, kept and written back after these (`extra`
+    allowed): during a mixed-version upgrade an older reader still follows the kill switch and
+    the share, and an older writer never drops what the newer one stored."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
 
     canary_bp: int = Field(0, ge=0, le=BUCKETS, description="canary share in basis points")
     kill: bool = Field(False, description="kill switch: when on, everything goes to baseline")

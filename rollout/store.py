@@ -44,7 +44,8 @@ class StateStore(abc.ABC):
     ) -> RolloutState:
         """Store `after` if the current revision is still `before.revision`.
 
-        `after.revision` must be `before.revision + 1`. Appends an audit entry and notifies
+        `after.revision` must be above `before.revision` (one above, or above the highest
+        revision gateways report: rollout.change.stamp). Appends an audit entry and notifies
         subscribers in the same atomic step. Raises RevisionConflict when the state moved.
         """
 
@@ -108,9 +109,9 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
 
 
 def check_successor(before: RolloutState, after: RolloutState) -> None:
-    if after.revision != before.revision + 1:
+    if after.revision <= before.revision:
         raise ValueError(
-            f"after.revision must be {before.revision + 1}, got {after.revision}"
+            f"after.revision must be above {before.revision}, got {after.revision}"
         )
 
 

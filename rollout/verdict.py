@@ -83,9 +83,9 @@ def thresholds_from(settings: VerifySettings) -> Thresholds:
 
 class Verdict(BaseModel):
     """What the store keeps of one verify run. Fields added later have defaults, so verdicts
-    stored before them still load."""
+    stored before them still load; fields a newer version stores are read and kept."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="allow")
 
     baseline_version: str = Field(min_length=1)
     optimized_version: str = Field(min_length=1)

@@ -14,6 +14,7 @@ from typing import IO, TYPE_CHECKING, NamedTuple
 from ops.cli.args import default_actor
 from ops.cli.errors import Aborted, UsageError
 from ops.cli.format import change_line
+from rollout.change import jumped
 from rollout.share import big_move
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class ChangeContext:
         if ask is not None:
             self.confirm(*ask)
         before, after = make()
+        warning = jumped(before, after)
+        if warning:
+            self.err.write(f"rollout: warning: {warning}\n")
         self.done(report(before, after), after)
         return after
 

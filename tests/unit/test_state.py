@@ -107,9 +107,19 @@ def test_state_rejects_out_of_bounds_fields(field, value):
     assert info.value.errors()[0]["loc"] == (field,)
 
 
-def test_state_rejects_unknown_fields():
-    with pytest.raises(pydantic.ValidationError):
-        RolloutState(canary_percent=5)
+def test_fields_of_a_newer_version_are_read_and_written_back():
+    doc = {"canary_bp": 500, "kill": True, "revision": 3, "canary_cohort": {"region": "eu"},
+           "routes": [{"id": "r1", "header": "x-team", "values": ["qa"], "arm": "optimized",
+                       "ttl_s": 60}]}
+    state = RolloutState.model_validate(doc)
+
+    assert state.kill and state.effective_bp == 0
+    assert state.model_extra == {"canary_cohort": {"region": "eu"}}
+    assert state.routes[0].model_extra == {"ttl_s": 60}
+    again = RolloutState.model_validate_json(
+        state.model_copy(update={"kill": False}).model_dump_json())
+    assert again.model_extra == state.model_extra and not again.kill
+    assert again.routes[0].model_extra == {"ttl_s": 60}
 
 
 def test_state_is_immutable():

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from rollout import (
+    DeploymentReport,
     FakeClock,
     MemoryStateStore,
     PermissionDenied,
@@ -24,6 +25,8 @@ from rollout import (
     StoreUnavailable,
     Subscription,
 )
+from rollout.errors import StateUnreadable, StoreRefused
+from rollout.watcher import error_kind
 
 POLL_S = 1.0
 STALENESS_S = 5.0
@@ -31,22 +34,24 @@ DEADLINE_S = 5.0
 
 
 class FailingStore(StateStore):
-    """Wraps a store; while `down` is set, reads and subscribing raise StoreUnavailable."""
+    """Wraps a store; while `down` is set, reads and subscribing raise `fault()` (by default
+    StoreUnavailable)."""
 
     def __init__(self, inner: StateStore):
         self.inner = inner
         self.down = threading.Event()
         self.failed_reads = 0
+        self.fault = lambda what: StoreUnavailable(f"cannot {what}: it is down")
 
     def get(self):
         if self.down.is_set():
             self.failed_reads += 1
-            raise StoreUnavailable("cannot reach the test store: it is down")
+            raise self.fault("reach the test store")
         return self.inner.get()
 
     def subscribe(self):
         if self.down.is_set():
-            raise StoreUnavailable("cannot subscribe: the test store is down")
+            raise self.fault("subscribe")
         return self.inner.subscribe()
 
     def compare_and_set(self, before, after, *, actor, action, reason):
@@ -60,7 +65,7 @@ class FailingStore(StateStore):
 
     def report_deployment(self, report):
         if self.down.is_set():
-            raise StoreUnavailable("cannot report: the test store is down")
+            raise self.fault("report")
         self.inner.report_deployment(report)
 
     def deployments(self):
@@ -392,12 +397,93 @@ def test_a_short_outage_is_not_called_a_failsafe(watcher, failing, rollout, cloc
     assert "after 1.0 s" in event and "baseline" not in event
 
 
-def test_a_state_that_goes_back_in_revision_is_reported(watcher, memory, rollout):
+def test_a_state_that_goes_back_in_revision_is_not_applied(watcher, memory, rollout):
     rollout.set_canary(500, actor="alice", reason="five")
     rollout.set_canary(600, actor="alice", reason="six")
     watcher.refresh()
     memory.__init__()  # the store lost its data (Redis restarted without persistence)
-    watcher.refresh()
-    assert watcher.view().state.revision == 0
-    [event] = watcher.view().events
+    assert watcher.refresh()
+    view = watcher.view()
+    assert view.state.revision == 2 and view.stale  # the highest kept, routed as stale
+    assert "behind revision 2" in view.error
+    [event] = view.events
     assert "from revision 2 to 0" in event
+
+
+def test_a_kill_is_not_undone_by_a_store_that_went_back(memory, clock):
+    rollout = Rollout(memory, clock)
+    watcher = StateWatcher(memory, poll_s=POLL_S, staleness_s=STALENESS_S, clock=clock)
+    rollout.set_canary(5_000, actor="alice", reason="half")
+    before_kill = memory.get()
+    rollout.kill(actor="alice", reason="p99")
+    watcher.refresh()
+    memory.__init__()  # a failover to a replica that missed the kill
+    memory.compare_and_set(RolloutState(), before_kill, actor="alice", action="x", reason="y")
+    watcher.refresh()
+    assert watcher.view().stale and watcher.view().state.kill  # still all baseline
+
+    # the gateway reports the revision it saw; the next change is numbered above it
+    memory.report_deployment(DeploymentReport(
+        gateway="g", baseline_version="b", optimized_version="o", ts=clock.time(),
+        state_revision=watcher.view().state.revision))
+    _, after = rollout.set_canary(100, actor="alice", reason="resume at 1 %")
+    assert after.revision == 3  # above the 2 the gateway saw, not the store's 1 + 1
+    watcher.refresh()
+    assert not watcher.view().stale and watcher.view().state.canary_bp == 100
+
+
+def test_a_state_this_version_cannot_read_is_stale_at_once(watcher, failing, rollout, clock):
+    rollout.set_canary(500, actor="alice", reason="five")
+    watcher.refresh()
+    failing.fault = lambda what: StateUnreadable(f"cannot {what}: canary_bp: not an integer")
+    failing.down.set()
+    assert not watcher.refresh()
+    assert watcher.view().stale and "canary_bp" in watcher.view().error
+    failing.down.clear()
+    rollout.set_canary(600, actor="alice", reason="six")
+    assert watcher.refresh() and not watcher.view().stale
+
+
+@pytest.mark.parametrize("fault", [
+    lambda what: StoreRefused(f"READONLY cannot {what}", "READONLY"),
+    lambda what: StoreRefused(f"OOM cannot {what}", "OOM"),
+    lambda what: RuntimeError(f"a bug while trying to {what}"),
+    lambda what: ValueError(f"cannot parse what {what} answered"),
+])
+def test_the_thread_survives_any_error_and_follows_the_next_change(failing, rollout, clock,
+                                                                    fault):
+    watcher = StateWatcher(failing, poll_s=0.02, staleness_s=1.0, clock=clock)
+    with running(watcher, wake=lambda: None):
+        failing.fault = fault
+        failing.down.set()
+        assert eventually(lambda: failing.failed_reads >= 3)
+        kind = error_kind(fault("x"))
+        assert dict(watcher.view().errors)[kind] >= 3
+        assert watcher_threads()
+        failing.down.clear()
+        rollout.set_canary(4_000, actor="alice", reason="forty")
+        assert eventually(lambda: watcher.view().state.canary_bp == 4_000, timeout=2.0)
+        assert watcher.view().error is None
+
+
+def test_each_kind_of_error_is_logged_once_per_outage(watcher, failing, caplog):
+    failing.down.set()
+    for _ in range(5):
+        watcher.refresh()
+    failing.fault = lambda what: StoreRefused(f"OOM cannot {what}", "OOM")
+    for _ in range(5):
+        watcher.refresh()
+    logged = [r.getMessage() for r in caplog.records if "cannot refresh" in r.getMessage()]
+    assert len(logged) == 2 and "(unavailable)" in logged[0] and "(OOM)" in logged[1]
+    assert dict(watcher.view().errors) == {"unavailable": 5, "OOM": 5}
+
+
+def test_a_heartbeat_that_raises_anything_does_not_stop_the_watcher(memory, clock):
+    def heartbeat():
+        raise TypeError("a bug in the report")
+
+    watcher = StateWatcher(memory, poll_s=0.01, staleness_s=5, clock=clock,
+                           heartbeat=heartbeat, heartbeat_s=0)
+    with running(watcher, wake=lambda: None):
+        Rollout(memory, clock).set_canary(300, actor="alice", reason="three")
+        assert eventually(lambda: watcher.view().state.canary_bp == 300)
