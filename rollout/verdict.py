@@ -21,7 +21,10 @@ comparison (rollout.agreement.Summary) and lists each one missed, in this order:
    (`judge_slices`). A slice is small, so this convicts damage rather than proving fidelity
    (a lower bound of 0.95 needs about 75 agreeing inputs out of 75): all 30 Japanese inputs
    flipped (upper end 11 %) fail it, 3 near-tie flips among 50 emoji-only inputs (94 %, upper
-   end 98 %) do not, while the overall figure of 1,600 inputs would hide either.
+   end 98 %) do not, while the overall figure of 1,600 inputs would hide either;
+7. embedding models: recall@10 of the optimized arm's neighbours against the baseline's,
+   overall, on a half re-embedded index and per judged slice, >= `min_recall_at_10`
+   (rollout.retrieval; None for a classifier: not judged).
 
 `thresholds_from(settings)` is the one place thresholds are built from the settings
 (`verify_*`), for every caller that judges a comparison, and `judge_comparison` the one rule
@@ -46,6 +49,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.agreement import CONFIDENT_MARGIN, Summary, wilson_interval
+from rollout.retrieval import Retrieval
+from rollout.retrieval import judge as judge_retrieval
 from rollout.slices import SliceRow
 
 if TYPE_CHECKING:
@@ -64,6 +69,7 @@ class Thresholds(BaseModel):
     min_cosine_p1: float = Field(0.95, ge=-1, le=1)
     min_slice_agreement: float = Field(0.95, ge=0, le=1)  # the worst judged slice's agreement
     min_slice_size: int = Field(30, ge=1)  # inputs a slice needs to be judged
+    min_recall_at_10: float = Field(0.95, ge=0, le=1)  # embeddings (rollout.retrieval)
 
 
 def thresholds_from(settings: VerifySettings) -> Thresholds:
@@ -78,6 +84,7 @@ def thresholds_from(settings: VerifySettings) -> Thresholds:
         min_cosine_p1=settings.verify_min_cosine_p1,
         min_slice_agreement=settings.verify_min_slice_agreement,
         min_slice_size=settings.verify_min_slice_size,
+        min_recall_at_10=settings.verify_min_recall_at_10,
     )
 
 
@@ -107,11 +114,14 @@ class Verdict(BaseModel):
     speed_judged: bool | None = None  # False: `rollout verify --no-speed`; None: stored before
     worst_slice: str | None = None  # the judged slice with the lowest agreement, if any
     worst_slice_agreement: float | None = Field(None, ge=0, le=1)
+    recall_at_10: float | None = Field(None, ge=0, le=1)  # None: a classifier, or stored before
+    recall_at_10_mixed: float | None = Field(None, ge=0, le=1)
+    top1_unchanged: float | None = Field(None, ge=0, le=1)
 
 
 OUT_OF_SAMPLE = ("held-out", "external")
 _STRICTER_IS_HIGHER = ("min_agreement", "min_lower_bound", "min_speedup", "min_cosine_p1",
-                       "min_slice_agreement")
+                       "min_slice_agreement", "min_recall_at_10")
 _STRICTER_IS_LOWER = ("min_margin", "max_confident_flips", "max_accuracy_drop", "min_slice_size")
 
 
@@ -205,19 +215,22 @@ def judge_slices(thresholds: Thresholds, rows: Sequence[SliceRow]) -> list[str]:
 
 
 def judge_comparison(thresholds: Thresholds, summary: Summary, speedup: float | None,
-                     slices: Sequence[SliceRow] = ()) -> list[str]:
-    """The whole rule (module docstring, 1-6): every threshold a paired comparison, its speedup
-    (None: not measured) and its slice table miss."""
-    return judge_summary(thresholds, summary, speedup) + judge_slices(thresholds, slices)
+                     slices: Sequence[SliceRow] = (), retrieval: Retrieval | None = None
+                     ) -> list[str]:
+    """The whole rule (module docstring, 1-7): every threshold a paired comparison, its speedup
+    (None: not measured), its slice table and its retrieval figures (None: a classifier)
+    miss."""
+    return (judge_summary(thresholds, summary, speedup) + judge_slices(thresholds, slices)
+            + judge_retrieval(thresholds.min_recall_at_10, retrieval))
 
 
 def bound_only(thresholds: Thresholds, summary: Summary, speedup: float | None,
-               slices: Sequence[SliceRow] = ()) -> bool:
+               slices: Sequence[SliceRow] = (), retrieval: Retrieval | None = None) -> bool:
     """Whether the comparison fails the rule only through the agreement's lower bound."""
-    if not judge_comparison(thresholds, summary, speedup, slices):
+    if not judge_comparison(thresholds, summary, speedup, slices, retrieval):
         return False
     loose = thresholds.model_copy(update={"min_lower_bound": 0.0})
-    return not judge_comparison(loose, summary, speedup, slices)
+    return not judge_comparison(loose, summary, speedup, slices, retrieval)
 
 
 def judge_summary(thresholds: Thresholds, summary: Summary, speedup: float | None

@@ -21,12 +21,13 @@ on the validation texts it is given (serve.regression: inputs no recipe tuned on
    margin of each arm, embedding cosine for encoders, the true label where the set has one).
 3. **Gate** (`validation_failures`): verify's rule itself (rollout.verdict.judge_comparison:
    confident flips, accuracy drop, point agreement *and its Wilson lower bound*, cosine p1, the
-   slice table), so that a recipe `auto` serves is one `rollout verify` passes; the validation
-   split is cut as large as verify's held-out split (serve.regression) so that the bound has the
-   same power there. One addition: the speedup must beat fp32 (> 1.0) whatever `min_speedup`
-   says (a candidate no faster than the baseline it replaces is pointless). A candidate refused
-   by the bound alone (its point estimates pass) is marked `bound_only`: the console line and
-   `describe` (the startup log, `rollout status`) say so.
+   slice table, and for an encoder recall@10 of its neighbours: rollout.retrieval), so that a
+   recipe `auto` serves is one `rollout verify` passes; the validation split is cut as large as
+   verify's held-out split (serve.regression) so that the bound has the same power there. One
+   addition: the speedup must beat fp32 (> 1.0) whatever `min_speedup` says (a candidate no
+   faster than the baseline it replaces is pointless). A candidate refused by the bound alone
+   (its point estimates pass) is marked `bound_only`: the console line and `describe` (the
+   startup log, `rollout status`) say so.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.agreement import Pair, Summary, margins, summarize
-from rollout.slices import SliceRow, pair_slice_counts, slice_table
+from rollout.retrieval import Retrieval
+from rollout.slices import SliceRow, pair_slice_counts, slice_table, slices_of
 from rollout.verdict import Thresholds, bound_only, judge_comparison
 from serve.batching import served_batches
+from serve.neighbours import retrieval_of
 
 SPEED_BATCHES = (8, 32)  # batch sizes the server forms under light and heavy load
 SPEED_INPUTS = 256  # inputs timed per pass, as `verify_speed_inputs`
@@ -66,6 +69,7 @@ class Evidence(BaseModel):
     confident_flips: int | None = None
     accuracy_drop: float | None = None  # None: no labelled validation input
     cosine_p1: float | None = None  # None: a classifier head has no embedding
+    recall_at_10: float | None = None  # None: a classifier (rollout.retrieval)
     speedup: float | None = None  # the lowest of `speedups`
     speedups: dict[int, float] = Field(default_factory=dict)  # batch size -> fp32 s / cand. s
     seconds: float = 0.0  # building and measuring it
@@ -102,12 +106,13 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
                         failures=(_too_slow(speedup, bar, beaten_by, speedups is screened),),
                         speedup=speedup, speedups=speedups, seconds=timer() - start,
                         decision=built.decision)
-    summary, slices = _compare(baseline, built.model, texts, truth, thresholds)
-    failures = validation_failures(thresholds, summary, speedup, slices)
+    summary, slices, retrieval = _compare(baseline, built.model, texts, truth, thresholds)
+    failures = validation_failures(thresholds, summary, speedup, slices, retrieval)
     return Evidence(
         recipe=recipe, passed=not failures, failures=tuple(failures), n=summary.n,
         agreement=summary.agreement, lower_bound=summary.lower_bound,
-        bound_only=bound_only(thresholds, summary, speedup, slices),
+        bound_only=bound_only(thresholds, summary, speedup, slices, retrieval),
+        recall_at_10=retrieval.recall_at_10 if retrieval else None,
         confident_flips=len(summary.confident), accuracy_drop=summary.accuracy_drop,
         cosine_p1=summary.cosine.p1 if summary.cosine else None, speedup=speedup,
         speedups=speedups, seconds=timer() - start, decision=built.decision,
@@ -127,18 +132,20 @@ def _too_slow(speedup: float, bar: float, beaten_by: tuple[str, float] | None,
 
 
 def validation_failures(thresholds: Thresholds, summary: Summary, speedup: float,
-                        slices: Sequence[SliceRow] = ()) -> list[str]:
+                        slices: Sequence[SliceRow] = (), retrieval: Retrieval | None = None
+                        ) -> list[str]:
     """Every threshold the candidate misses on the validation split (module docstring, 3)."""
-    failures = judge_comparison(thresholds, summary, speedup, slices)
+    failures = judge_comparison(thresholds, summary, speedup, slices, retrieval)
     if thresholds.min_speedup <= speedup <= 1.0:
         failures.append(f"speedup {speedup:.2f}x: no faster than fp32")
     return failures
 
 
 def _compare(baseline, model, texts: list[str], truth: Sequence[int | None] | None,
-             thresholds: Thresholds) -> tuple[Summary, list[SliceRow]]:
-    """Step 2: the paired comparison of fp32 (the baseline's own model) and `model`, and its
-    slice table as verify files it (rollout.slices)."""
+             thresholds: Thresholds) -> tuple[Summary, list[SliceRow], Retrieval | None]:
+    """Step 2: the paired comparison of fp32 (the baseline's own model) and `model`, its slice
+    table and, for an encoder, its neighbours, as verify measures them (rollout.slices,
+    serve.neighbours)."""
     base_rows, cand_rows = baseline.rows(texts), baseline.rows(texts, model=model)
     base_scores = baseline.scores(base_rows).tolist()
     cand_scores = baseline.scores(cand_rows).tolist()
@@ -152,8 +159,12 @@ def _compare(baseline, model, texts: list[str], truth: Sequence[int | None] | No
                           truth=truth[i] if truth else None, index=i))
     tokens = [len(ids) for ids in baseline.encode(texts).ids]
     counts = pair_slice_counts(pairs, tokens, texts, baseline.labels, thresholds.min_margin)
+    retrieval = None if baseline.has_head else retrieval_of(
+        base_rows, cand_rows, [slices_of(texts[p.index], n, baseline.labels[p.baseline])
+                               for p, n in zip(pairs, tokens, strict=True)],
+        min_size=thresholds.min_slice_size)
     return (summarize(pairs, min_margin=thresholds.min_margin),
-            slice_table(counts, thresholds.min_slice_size))
+            slice_table(counts, thresholds.min_slice_size), retrieval)
 
 
 def _speedups(baseline, model, texts: list[str], timer: Callable[[], float], *,

@@ -8,6 +8,11 @@ Format, one JSON object per line (blank lines are skipped):
 - `text` (required): a non-empty string, the input as a client would send it.
 - `label` (optional): the true label, one of the model's labels; when present, `rollout verify`
   also reports the accuracy of both variants.
+- `relevant` (optional): a list of the indices (0-based, among the set's inputs) of the inputs
+  relevant to this one as a search query; `query_of` (optional): one such index, or a list, for
+  a text written as a query for that input. Either makes the input a *query* with relevance
+  labels: for an embedding model `rollout verify` then reports recall@10 against them
+  (rollout.retrieval, `ground_truth`) beside its neighbour figures;
 - any other key (the shipped set has `kind`) is kept as metadata and otherwise ignored.
 
 The default set ships as `serve/data/regression.jsonl` (made by `python -m
@@ -90,6 +95,15 @@ class RegressionSet:
         """The inputs neither calibration nor `auto`'s validation saw, each text once."""
         return self._split("held-out")
 
+    def relevance(self) -> dict[int, tuple[int, ...]]:
+        """Query index -> the indices relevant to it (`relevant` and `query_of` together)."""
+        found = {}
+        for i, example in enumerate(self.examples):
+            docs = relevant_of(example.meta)
+            if docs:
+                found[i] = docs
+        return found
+
     def distinct(self) -> list[int]:
         """Every text's first occurrence: an external set judged whole, each text once."""
         first: dict[str, int] = {}
@@ -114,6 +128,29 @@ class RegressionSet:
         if limit is None or limit >= len(self.examples):
             return self
         return RegressionSet(self.path, self.examples[:limit], f"{self.digest}:{limit}")
+
+
+def relevant_of(meta: dict) -> tuple[int, ...]:
+    """The indices an input's `relevant` and `query_of` name (checked by `load_set`)."""
+    query_of = meta.get("query_of", [])
+    docs = [*meta.get("relevant", []), *(query_of if isinstance(query_of, list) else [query_of])]
+    return tuple(dict.fromkeys(docs))
+
+
+RELEVANCE = {"relevant": "a list of input indices",
+             "query_of": "an input index or a list of input indices"}
+
+
+def _check_relevance(row: dict, where: str) -> None:
+    """`relevant` and `query_of` hold indices (whole numbers >= 0) as RELEVANCE says."""
+    for name, expected in RELEVANCE.items():
+        if name not in row:
+            continue
+        value = row[name]
+        values = value if isinstance(value, list) else [value] if name == "query_of" else None
+        if values is None or not all(type(v) is int and v >= 0 for v in values):
+            raise RegressionSetError(f"{where}: `{name}` must be {expected} (whole numbers "
+                                     ">= 0)")
 
 
 def load_set(
@@ -142,7 +179,12 @@ def load_set(
             raise RegressionSetError(
                 f"{path}:{number}: `label` {label!r} is not one of the model's labels"
             )
+        _check_relevance(row, f"{path}:{number}")
         examples.append(Example(text, label, row))
     if not examples:
         raise RegressionSetError(f"regression set {path} has no inputs")
+    for number, example in enumerate(examples):
+        if any(i >= len(examples) for i in relevant_of(example.meta)):
+            raise RegressionSetError(f"{path}: input {number} names a relevant input beyond "
+                                     f"the set's {len(examples)} inputs")
     return RegressionSet(str(path), tuple(examples), hashlib.sha256(raw).hexdigest()[:16])

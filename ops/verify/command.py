@@ -53,7 +53,8 @@ def verify(ctx, settings: Settings) -> int:
 def _verdict(ctx, report, thresholds: Thresholds, *, speed_judged: bool) -> Verdict:
     """The verdict of `report`, recording what it was judged with (rollout.verdict)."""
     s = report.summary
-    failures = judge_comparison(thresholds, s, report.speedup, report.slices)
+    failures = judge_comparison(thresholds, s, report.speedup, report.slices, report.retrieval)
+    found = report.retrieval
     worst = worst_slice(report.slices)
     return Verdict(
         baseline_version=report.baseline.version, optimized_version=report.optimized.version,
@@ -64,6 +65,9 @@ def _verdict(ctx, report, thresholds: Thresholds, *, speed_judged: bool) -> Verd
         set_digest=report.regression.digest, thresholds=thresholds, split=report.split,
         speed_judged=speed_judged, worst_slice=worst.slice if worst else None,
         worst_slice_agreement=worst.agreement if worst else None,
+        recall_at_10=found.recall_at_10 if found else None,
+        recall_at_10_mixed=found.recall_at_10_mixed if found else None,
+        top1_unchanged=found.top1_unchanged if found else None,
         at=ctx.clock.time(), by=getattr(ctx.args, "actor", None) or default_actor(),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ops.cli.format import one_line, table
 from rollout.agreement import Pair, Summary
+from rollout.retrieval import QUERY_EVERY
 
 SHOW_FLIPS = 20  # confident flips shown in the table (all of them are in --json)
 SHOW_NEAR_TIES = 10  # near-tie flips shown
@@ -46,6 +47,7 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "calibration": _brief(report.calibration),
         "slices": [row.as_dict() for row in report.slices],
         "cosine": None if s.cosine is None else vars(s.cosine),
+        "retrieval": None if report.retrieval is None else report.retrieval.as_dict(),
         "accuracy": s.accuracy,
         "accuracy_drop": s.accuracy_drop,
         "buckets": [{"margin": b.label, "n": b.n, "agree": b.agree, "agreement": b.agreement}
@@ -117,6 +119,7 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
     lines += table(("MARGIN", "N", "AGREE", "AGREEMENT"),
                    [(b.label, str(b.n), str(b.agree), _pct(b.agreement)) for b in s.buckets])
     lines += _slices(report.slices, thresholds)
+    lines += _retrieval(report.retrieval, thresholds)
     lines += _flips(report, s)
     lines += _throughput(report)
     if report.memory:
@@ -142,6 +145,28 @@ def _slices(rows, thresholds) -> list[str]:
         for row in rows[:SHOW_SLICES]])
     if len(rows) > SHOW_SLICES:
         lines.append(f"... and {len(rows) - SHOW_SLICES} more slices (--json lists all)")
+    return lines
+
+
+def _retrieval(found, thresholds) -> list[str]:
+    """Retrieval compatibility (rollout.retrieval): the three figures, then the slices, worst
+    first."""
+    if found is None:
+        return []
+    lines = ["", f"retrieval, {found.queries} queries (every {QUERY_EVERY}th judged input, "
+                 f"itself excluded) against the baseline's index of {found.documents}:",
+             f"  recall@10 {_pct(found.recall_at_10)}  on a half re-embedded index "
+             f"{_pct(found.recall_at_10_mixed)}  top-1 unchanged {_pct(found.top1_unchanged)}"
+             f"  (gate: recall@10 >= {thresholds.min_recall_at_10}, overall, mixed and per "
+             f"judged slice)"]
+    if (truth := found.ground_truth) is not None:
+        lines.append(f"  against the set's relevance labels ({truth.queries} queries): "
+                     f"baseline {_pct(truth.baseline_recall_at_10)}, optimized "
+                     f"{_pct(truth.optimized_recall_at_10)} (shown, not judged)")
+    lines += table(("SLICE", "QUERIES", "RECALL@10", "MIXED", "TOP-1 SAME", "JUDGED"), [
+        (row.slice, str(row.n), _pct(row.recall_at_10), _pct(row.recall_at_10_mixed),
+         _pct(row.top1_unchanged), "yes" if row.judged else "no")
+        for row in found.slices[:SHOW_SLICES]])
     return lines
 
 
@@ -193,7 +218,7 @@ def _rule(t, speed_batch: int) -> list[str]:
             f"   lower bound >= {t.min_lower_bound}, cosine p1 >= {t.min_cosine_p1} (encoders), "
             f"speedup >= {t.min_speedup}x at batch {speed_batch}, served batches,",
             f"   every slice of >= {t.min_slice_size} inputs: agreement's upper bound >= "
-            f"{t.min_slice_agreement})"]
+            f"{t.min_slice_agreement}, embeddings: recall@10 >= {t.min_recall_at_10})"]
 
 
 def _clip(text: str, width: int = 60) -> str:

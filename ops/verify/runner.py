@@ -35,6 +35,13 @@ copies are folded, and the report says how many. Every judged input is also file
 reported with agreement, confident flips and Wilson bound, worst first; the gate judges the
 worst slice with at least `verify_min_slice_size` inputs.
 
+**Retrieval compatibility** (an embedding model, no classifier head): the judged inputs'
+baseline vectors form an index, every 5th judged input is a query (itself excluded), and the
+report gives recall@10 of the optimized arm's queries against it, recall@10 of the baseline's
+queries against an index half re-embedded by the optimized arm, and the share of unchanged
+nearest neighbours, overall and per slice (rollout.retrieval, serve.neighbours); with the
+set's own relevance labels (`relevant` / `query_of`), recall against them beside.
+
 The verdict (rollout.verdict, thresholds from the settings `verify_*`) is stored against the
 two versions, with the thresholds, the split and the set digest it was judged with. torch and
 transformers are imported here, and this module is only imported by the `verify` command.
@@ -51,9 +58,11 @@ from dataclasses import dataclass, field
 import torch
 
 from rollout.agreement import Pair, Summary, margins, summarize
+from rollout.retrieval import Retrieval
 from rollout.settings import Settings
-from rollout.slices import SliceRow, pair_slice_counts, slice_table
+from rollout.slices import SliceRow, pair_slice_counts, slice_table, slices_of
 from serve.batching import served_batches
+from serve.neighbours import retrieval_of
 from serve.regression import RegressionSet, load_set
 from serve.variants import Variant, check_labels, labels_of
 
@@ -70,6 +79,9 @@ class Report:
     calibration: Summary | None  # held-out mode: the calibration split, shown, not judged
     slices: list[SliceRow] = field(default_factory=list)  # the judged inputs', worst first
     folded: int = 0  # later copies of a judged text left out (each distinct text counts once)
+    judged: list[Pair] = field(default_factory=list)  # the judged pairs, in the set's order
+    judged_slices: list[tuple[str, ...]] = field(default_factory=list)  # each one's slices
+    retrieval: Retrieval | None = None  # an embedding model's neighbours (rollout.retrieval)
     throughput: list[dict] = field(default_factory=list)
     memory: dict = field(default_factory=dict)
     speedup: float | None = None  # served (length-sorted) batches at verify_speed_batch
@@ -125,8 +137,10 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
         bar.stage(f"loading {settings.optimized_recipe}", 1)
         optimized = Variant(settings, "optimized", progress=lambda step, _: bar.note(step))
         bar.step()
-        pairs = _pairs(baseline, optimized, regression, bar)
+        pairs, vectors = _pairs(baseline, optimized, regression, bar)
         report = _judged(settings, baseline, optimized, regression, pairs)
+        if not baseline.has_head:  # an embedding model: its neighbours (rollout.retrieval)
+            report.retrieval = _retrieval(settings, regression, report, vectors)
         if speed:
             _speed(report, settings, bar)
         return report
@@ -135,8 +149,9 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
 
 
 def _pairs(baseline: Variant, optimized: Variant, regression: RegressionSet,
-           bar: _Bar) -> list[Pair]:
-    """Every input of the set answered by both arms, paired (rollout.agreement)."""
+           bar: _Bar) -> tuple[list[Pair], tuple[torch.Tensor, torch.Tensor]]:
+    """Every input of the set answered by both arms, paired (rollout.agreement), and both
+    arms' rows (embeddings, for an encoder) in the set's order."""
     texts = regression.texts
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rows = {"baseline": [None] * len(texts), "optimized": [None] * len(texts)}
@@ -159,7 +174,7 @@ def _pairs(baseline: Variant, optimized: Variant, regression: RegressionSet,
         pairs.append(Pair(b_top, o_top, b_margin, o_margin,
                           cosine=cosines[i] if cosines else None,
                           truth=index.get(example.label) if example.label else None, index=i))
-    return pairs
+    return pairs, (base_rows, opt_rows)
 
 
 def split_of(settings: Settings, regression: RegressionSet) -> str:
@@ -184,9 +199,24 @@ def _judged(settings: Settings, baseline: Variant, optimized: Variant,
     tokens = [len(ids) for ids in baseline.encode([regression.texts[p.index]
                                                    for p in judged]).ids]
     counts = pair_slice_counts(judged, tokens, regression.texts, baseline.labels, margin)
+    keys = [slices_of(regression.texts[p.index], n, baseline.labels[p.baseline])
+            for p, n in zip(judged, tokens, strict=True)]
     return Report(baseline, optimized, regression, summarize(judged, min_margin=margin), split,
                   calibration, slice_table(counts, settings.verify_min_slice_size),
-                  folded=folded)
+                  folded=folded, judged=judged, judged_slices=keys)
+
+
+def _retrieval(settings: Settings, regression: RegressionSet, report: Report,
+               vectors: tuple[torch.Tensor, torch.Tensor]) -> Retrieval | None:
+    """Retrieval compatibility over the judged inputs (rollout.retrieval): both arms' vectors,
+    each query's slices, and the set's relevance labels among the judged inputs."""
+    judged = [row.index for row in report.judged]
+    position = {index: k for k, index in enumerate(judged)}
+    relevance = {position[q]: [position[d] for d in docs if d in position]
+                 for q, docs in regression.relevance().items() if q in position}
+    base, optimized = (rows[judged] for rows in vectors)
+    return retrieval_of(base, optimized, report.judged_slices,
+                        min_size=settings.verify_min_slice_size, relevance=relevance)
 
 
 def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:

@@ -268,12 +268,13 @@ def _unit(*values):
     return torch.nn.functional.normalize(torch.tensor(values), dim=-1)
 
 
+OWN_DIMS = 8  # a stub row's dimensions beyond the label scores
 NEAR_TIE = (0.70, 0.69, 0.10)  # baseline margin < 0.05 once normalised
 CONFIDENT = (0.9, 0.3, 0.1)
 
 
 def _swap_top_two(row):
-    first, second = row.topk(2).indices.tolist()
+    first, second = row[:len(LABELS)].topk(2).indices.tolist()
     row = row.clone()
     row[[first, second]] = row[[second, first]]
     return row
@@ -324,8 +325,12 @@ class StubVariant:
         return SimpleNamespace(ids=[[self._id(t)] * (1 + len(t) % 7) for t in texts])
 
     def base_row(self, i):
+        """The label scores in the first three dimensions; a small direction of its own in
+        the others, so that inputs have distinct nearest neighbours (serve.neighbours)."""
         values = NEAR_TIE if self.near_tie(i) else CONFIDENT
-        return _unit(*values).roll(i % 3)
+        own = torch.randn(OWN_DIMS, generator=torch.Generator().manual_seed(i))
+        row = torch.cat([_unit(*values).roll(i % 3), 0.1 * own / own.norm()])
+        return row / row.norm()
 
     def row(self, i, model):
         row = self.base_row(i)
@@ -352,7 +357,7 @@ class StubVariant:
         return torch.stack([self.row(self._id(t), model) for t in texts])
 
     def scores(self, rows):
-        return rows @ torch.eye(len(LABELS)).T
+        return rows[:, :len(LABELS)] @ torch.eye(len(LABELS)).T
 
 
 def _measure(model, *, truth=None, n=200):

@@ -238,6 +238,7 @@ def test_a_slice_under_the_minimum_size_is_shown_not_judged(env, tmp_path):
     env.setenv("CANARY_VERIFY_MAX_CONFIDENT_FLIPS", "1000")
     env.setenv("CANARY_VERIFY_MIN_COSINE_P1", "-1")
     env.setenv("CANARY_VERIFY_MIN_SLICE_AGREEMENT", "0.8")  # a label slice holds the 5 flips
+    env.setenv("CANARY_VERIFY_MIN_RECALL_AT_10", "0")  # one of 13 queries is a flipped one
     flip_one_script(env, "han")
     code, out, err, _ = verify("--set", str(path), "--recipe", "fp32", "--no-speed", "--quiet")
 
@@ -260,3 +261,96 @@ def test_the_configured_set_is_judged_on_its_held_out_split_only(env):
     assert doc["calibration"]["n"] == len(split.calibration()) == 21  # one copy of an input
     assert doc["split"] == "held-out" and doc["n"] == len(split.held_out()) == 29
     assert doc["agreement"] < 0.5
+
+
+def swap_one_script(env, script: str) -> None:
+    """A fault-injected optimized arm: fp32, except that every input of `script` gets the
+    embedding of the next input of that script (its neighbours become another input's)."""
+    from rollout.slices import script_of
+    from serve.variants import Variant
+
+    rows = Variant.rows
+
+    def swapped(self, texts, *args, **kwargs):
+        out = rows(self, texts, *args, **kwargs)
+        if self.arm != "optimized":
+            return out
+        mine = [k for k, text in enumerate(texts) if script_of(text) == script]
+        if mine:
+            partners = [texts[mine[(j + 1) % len(mine)]] for j in range(len(mine))]
+            out = out.clone()
+            out[mine] = rows(self, partners, *args, **kwargs)
+        return out
+
+    env.setattr(Variant, "rows", swapped)
+
+
+def test_a_variant_that_swaps_one_slices_neighbours_fails_on_retrieval(env, tmp_path):
+    """1,500 Latin inputs keep their vectors; the 60 Han inputs swap theirs among themselves.
+    Overall recall@10 stays above 0.95 (the Latin queries are most), the script:han slice's
+    falls far below it, and the gate fails the verdict on that slice, recording the figures."""
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"text": f"The match report number {i} from the stadium"} for i in range(1500)]
+    rows += [{"text": f"比赛报告第{i}号来自体育场的消息"} for i in range(60)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for name, value in {"MAX_CONFIDENT_FLIPS": "1000", "MIN_LOWER_BOUND": "0", "MIN_AGREEMENT": "0",
+                        "MIN_COSINE_P1": "-1", "MIN_SLICE_AGREEMENT": "0",
+                        "MIN_SLICE_SIZE": "10"}.items():
+        env.setenv(f"CANARY_VERIFY_{name}", value)
+    swap_one_script(env, "han")
+    code, out, err, store = verify("--set", str(path), "--recipe", "fp32", "--no-speed",
+                                   "--json", "--quiet")
+    doc = json.loads(out)
+    retrieval = doc["retrieval"]
+
+    assert code == 1, err
+    assert retrieval["queries"] == 312 and retrieval["documents"] == 1560
+    assert retrieval["recall_at_10"] >= 0.95 and retrieval["recall_at_10_mixed"] >= 0.95
+    han = next(row for row in retrieval["slices"] if row["slice"] == "script:han")
+    assert han["n"] == 12 and han["judged"] and han["recall_at_10"] < 0.5
+    assert retrieval["slices"][0]["recall_at_10"] == han["recall_at_10"]  # worst first
+    latin = next(row for row in retrieval["slices"] if row["slice"] == "script:latin")
+    assert latin["recall_at_10"] == latin["top1_unchanged"] == 1.0
+    assert f"slice script:han recall_at_10 {han['recall_at_10']:.4f} (12 queries) < 0.95" in \
+        doc["failures"]
+    assert all(line.startswith("slice ") and " recall_at_10 " in line  # and the slices that
+               for line in doc["failures"])  # hold the same 12 queries (their label), only
+    assert doc["thresholds"]["min_recall_at_10"] == 0.95
+    [verdict] = store._verdicts.values()
+    assert verdict.recall_at_10 == retrieval["recall_at_10"] and not verdict.passed
+    assert verdict.thresholds.min_recall_at_10 == 0.95
+
+
+def test_retrieval_figures_and_the_sets_own_relevance_labels(env, tmp_path):
+    """fp32 against itself keeps every neighbour; a query labelled with its relevant inputs
+    (`relevant`, `query_of`) gets recall against them, reported, not judged."""
+    path = tmp_path / "labelled.jsonl"
+    rows = [{"text": f"The match report number {i} from the stadium"} for i in range(40)]
+    rows += [{"text": "match report number 3", "query_of": 3},
+             {"text": "reports seven and eight", "relevant": [7, 8]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env.setenv("CANARY_VERIFY_MIN_LOWER_BOUND", "0")  # 42 inputs cannot reach 0.98
+    code, out, err, _ = verify("--set", str(path), "--recipe", "fp32", "--no-speed", "--json",
+                               "--quiet")
+    doc = json.loads(out)
+
+    assert code == 0, err
+    assert {k: doc["retrieval"][k] for k in ("recall_at_10", "recall_at_10_mixed",
+                                             "top1_unchanged")} == dict.fromkeys(
+        ("recall_at_10", "recall_at_10_mixed", "top1_unchanged"), 1.0)
+    truth = doc["retrieval"]["ground_truth"]
+    assert truth["queries"] == 2 and doc["retrieval"]["documents"] == 42
+    assert truth["baseline_recall_at_10"] == truth["optimized_recall_at_10"] > 0
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"text": "x", "query_of": "three"}, "`query_of` must be an input index"),
+    ({"text": "x", "relevant": 3}, "`relevant` must be a list of input indices"),
+    ({"text": "x", "relevant": [99]}, "names a relevant input beyond the set's 2 inputs"),
+])
+def test_bad_relevance_labels_are_one_line_and_exit_2(env, tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps(row) + "\n")
+    code, _, err, _ = verify("--set", str(path), "--recipe", "fp32", "--no-speed", "--quiet")
+
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

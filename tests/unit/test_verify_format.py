@@ -34,7 +34,8 @@ def crafted_report():
         optimized=SimpleNamespace(version="int8-bbb", recipe="int8-dynamic", plan=None),
         regression=regression, summary=summarize(pairs), split="external", calibration=None,
         slices=slice_table({"script:latin": (100, 97, 2), "script:han": (3, 0, 0)}, 30),
-        throughput=throughput, memory={}, speedup=2.5, speedup_set_order=1.5, folded=3)
+        throughput=throughput, memory={}, speedup=2.5, speedup_set_order=1.5, folded=3,
+        retrieval=None)
 
 
 def judged(report, thresholds):
