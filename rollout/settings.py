@@ -326,6 +326,13 @@ class VerifySettings(BaseSettings):
         description="inputs a slice needs before verify judges it (smaller slices are shown, "
         "not judged)",
     )
+    verify_min_recall_at_10: float = Field(
+        0.95, ge=0, le=1,
+        description="embedding models: verify (and `auto`) fail below this recall@10 of the "
+        "optimized arm's neighbours against the baseline's, overall, on a half re-embedded "
+        "index and per judged slice (about what an approximate-nearest-neighbour index gives "
+        "up against exact search)",
+    )
     verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
         (1, 8, 32), description="batch sizes whose throughput verify measures (comma-separated, "
         "each 1-4096)"
