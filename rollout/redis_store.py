@@ -76,6 +76,24 @@ def _reply_text(exc: Exception) -> str:
     return text
 
 
+def memory_limits(client, url: str) -> tuple[int, str]:
+    """Redis' `maxmemory` (0: none) and `maxmemory-policy`, from `INFO memory` (a user refused
+    INFO raises PermissionDenied)."""
+    info = call_redis(url, client.info, "memory")
+    return int(info.get("maxmemory", 0)), str(info.get("maxmemory_policy", "noeviction"))
+
+
+def eviction_warning(policy: str) -> str | None:
+    """What to tell an operator whose Redis may evict the rollout state, or None: every
+    `allkeys-*` policy may drop the state, the audit log or the kill switch under memory
+    pressure (the `volatile-*` ones drop only keys with an expiry, which the state has not)."""
+    if not policy.startswith("allkeys-"):
+        return None
+    return (f"Redis' maxmemory-policy is {policy}: under memory pressure it may evict the "
+            "rollout state and the kill switch with it; use noeviction or a volatile-* policy "
+            "(docs/production.md#redis-memory)")
+
+
 def read_state(raw: str | None):
     """A stored state's JSON as a RolloutState (the default when there is none); a document
     this version cannot read is StateUnreadable."""
@@ -150,6 +168,10 @@ class RedisStateStore(StateStore):
 
     def ping(self) -> None:
         self._call(self._client.ping)
+
+    def memory_limits(self) -> tuple[int, str]:
+        """This Redis' maxmemory and policy (`memory_limits`)."""
+        return memory_limits(self._client, self.url)
 
     def get(self) -> RolloutState:
         return read_state(self._call(self._client.hget, self.state_key, "json"))

@@ -20,7 +20,14 @@ import os
 import re
 from typing import Annotated, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout import kill_settings as kill
@@ -128,6 +135,17 @@ class StateSettings(BaseSettings):
         if self.state_staleness_s <= self.state_poll_s:
             raise ValueError("state_staleness_s must be longer than state_poll_s")
         return self
+
+    @field_validator("redis_wait_timeout_ms")
+    @classmethod
+    def _wait_within_timeout(cls, value: int, info: ValidationInfo) -> int:
+        if not {"redis_url", "redis_timeout_s", "redis_wait_replicas"} <= info.data.keys():
+            return value  # one of them is refused itself
+        ack = acknowledgement_for(info.data["redis_url"], info.data["redis_wait_replicas"], value)
+        problem = kill.wait_problem(ack, info.data["redis_timeout_s"])
+        if problem:
+            raise ValueError(problem)
+        return value
 
     def acknowledgement(self) -> Acknowledgement:
         """The replica acknowledgement durable writes wait for (rollout.redis_conn)."""
@@ -444,9 +462,29 @@ class ServingSettings(BaseSettings):
         "traffic"
     )
     idempotency_ttl_s: float = Field(
-        86_400, ge=1, le=30 * 86_400, description="how long a response is kept for replays of "
-        "its `Idempotency-Key`"
+        600, ge=1, le=30 * 86_400, description="how long a response is kept for replays of "
+        "its `Idempotency-Key` (retries come within minutes; every stored answer takes Redis "
+        "memory for this long)"
     )
+    idempotency_max_record_bytes: int = Field(
+        256 * 1024, ge=1024, le=64 * 1024 * 1024, description="largest answer kept for "
+        "replays; a larger one is served without deduplication"
+    )
+    idempotency_budget_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024 * 1024, description="bytes all gateway replicas may store "
+        "for replays within one TTL; at start it is cut to a quarter of Redis' `maxmemory` "
+        "when that is smaller; past it answers are served without deduplication, so the "
+        "records never crowd the rollout state out of Redis"
+    )
+    idempotency_redis_url: str | None = Field(
+        None, description="a Redis of their own for the `Idempotency-Key` records (same URL "
+        "forms as `REDIS_URL`); none: `REDIS_URL`"
+    )
+
+    @field_validator("idempotency_redis_url")
+    @classmethod
+    def _idempotency_url(cls, value: str | None) -> str | None:
+        return value if value is None else check_url(value)
 
 
 class AdmissionSettings(BaseSettings):

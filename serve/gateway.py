@@ -76,7 +76,7 @@ from serve.errors import (
     openapi_errors,
     to_response,
 )
-from serve.idempotent import REPLAYED, Idempotency
+from serve.idempotent import REPLAYED, Idempotency, check_redis_memory
 from serve.ingress import (
     ARRIVED,
     BODY,
@@ -107,6 +107,7 @@ from serve.schemas import (
     request_id_from,
 )
 from serve.shadow import Shadow
+from serve.telemetry.instruments import observe_store_errors
 from serve.telemetry.metrics_targets import (
     RedisTargetBook,
     ReplicaEndpoint,
@@ -265,6 +266,9 @@ class Gateway(DashboardRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
+        await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
+        observe_store_errors(self.telemetry.meter, lambda: {
+            "state": dict(self.watcher.view().errors), "idempotency": self.idempotency.skipped})
 
     def _open_telemetry(self, state: StateSettings, settings: TelemetrySettings) -> None:
         """Traces, metrics and logs (serve.telemetry), and this replica's own metrics port,
@@ -308,6 +312,7 @@ class Gateway(DashboardRoutes):
                 optimized_version=self.serving,
                 ts=time.time(),
                 state_revision=view.state.revision,
+                stale=view.stale, state_error=view.error, store_errors=dict(view.errors),
                 events=view.events,
                 optimized_recipe=self.models[Arm.OPTIMIZED].get("recipe", ""),
                 auto=self.models[Arm.OPTIMIZED].get("auto") or "",
@@ -629,6 +634,8 @@ class Gateway(DashboardRoutes):
             "stale": view.stale,
             "state_age_s": None if view.age_s == float("inf") else round(view.age_s, 3),
             "store_error": view.error,
+            "store_errors": dict(view.errors),
+            "idempotency_skipped": dict(self.idempotency.skipped),
             "serving": {arm.value: info["version"] for arm, info in self.models.items()},
             "admission": self.admission.snapshot(),
             # the header routes this replica applies (none while killed or stale)
@@ -671,6 +678,7 @@ class Gateway(DashboardRoutes):
             "ready": ready,
             "models": models,
             "state": "stale (routing all to baseline)" if view.stale else "fresh",
+            "state_error": view.error,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 

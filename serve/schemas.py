@@ -73,6 +73,8 @@ class Readiness(BaseModel):
     ready: bool
     models: dict[str, bool] = Field(description="arm -> whether its model answered a ping")
     state: str = Field(description="`fresh`, or stale (routing all to baseline)")
+    state_error: str | None = Field(None, description="why the state is not trusted: the "
+                                    "last refresh error, or a store behind what was routed by")
 
 
 class RolloutView(BaseModel):
@@ -85,6 +87,11 @@ class RolloutView(BaseModel):
     stale: bool
     state_age_s: float | None
     store_error: str | None
+    store_errors: dict[str, int] = Field(
+        {}, description="refresh errors by kind since the replica started (READONLY, OOM, "
+        "unavailable, unreadable, ...)")
+    idempotency_skipped: dict[str, int] = Field(
+        {}, description="requests served without deduplication, by why (OOM, over budget...)")
     serving: dict[str, str] = Field(description="arm -> model version")
     admission: dict[str, Any]
     routes: list[dict[str, Any]] = Field(description="the header routes this replica applies")

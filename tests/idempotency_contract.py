@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rollout.idempotency import IdempotencyRecord, IdempotencyStore
+from rollout.idempotency import Budget, IdempotencyRecord, IdempotencyStore
 
 RESPONSE = {"status": 200, "body": {"outputs": [1]}, "headers": {"X-Canary-Arm": "baseline"}}
 
@@ -54,3 +54,21 @@ class IdempotencyContract:
             thread.join(10)
         assert len(winners) == 1
 
+    def test_an_answer_over_the_record_cap_is_not_stored_and_frees_its_key(self, store):
+        store.budget = Budget(max_record_bytes=1024, budget_bytes=1024 * 1024)
+        big = {"status": 200, "body": {"outputs": ["x" * 2000]}, "headers": {}}
+        store.claim("k1", "fp")
+        assert store.complete("k1", IdempotencyRecord("fp", True, big)) is False
+        assert store.claim("k1", "fp") is None  # a retry runs again
+        assert store.complete("k1", IdempotencyRecord("fp", True, RESPONSE)) is True
+        assert store.claim("k1", "fp").done
+
+    def test_answers_past_the_budget_are_not_stored(self, store):
+        record = IdempotencyRecord("fp", True, {"status": 200, "body": "x" * 600, "headers": {}})
+        store.budget = Budget(max_record_bytes=1024, budget_bytes=1500)
+        stored = []
+        for key in ("a", "b", "c"):
+            store.claim(key, "fp")
+            stored.append(store.complete(key, record))
+        assert stored == [True, True, False]
+        assert store.claim("a", "fp").done and store.claim("c", "fp") is None

@@ -104,6 +104,13 @@ def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list
             notes.append("silent")
         if state.optimized_version and report.optimized_version != state.optimized_version:
             notes.append("serves another optimized version: routes 0% until a new share is set")
+        if report.state_revision > state.revision:
+            notes.append(f"routed by revision {report.state_revision}, above the store's "
+                         f"{state.revision}: the store lost writes; all baseline until the next "
+                         "change")
+        elif report.stale:
+            notes.append("stale state: routing all to baseline"
+                         + (f" ({report.state_error})" if report.state_error else ""))
         text = (f"optimized {one_line(report.optimized_version)}, baseline "
                 f"{one_line(report.baseline_version)} (seen {age(now - report.ts)} ago)")
         label = f"gateway {one_line(report.gateway)}"
@@ -111,6 +118,9 @@ def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list
         if report.auto or report.optimized_recipe:
             rows.append(("  recipe", one_line(report.auto or report.optimized_recipe)))
         rows.extend(("  event", one_line(event)) for event in report.events)
+        if report.store_errors:
+            counts = ", ".join(f"{kind} {n}" for kind, n in sorted(report.store_errors.items()))
+            rows.append(("  store errors", counts))
     return rows
 
 

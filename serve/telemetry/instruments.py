@@ -19,6 +19,10 @@ per-arm metric and its Prometheus endpoint shows all of them.
     canary.compute.time      counter    s, arm: each call's share of its batch's forward
     canary.cost              counter    arm: compute time x CANARY_DEVICE_HOUR_PRICE / 3600
     canary.telemetry.dropped observable telemetry items dropped, by sink and reason
+    canary.store.errors      observable failed Redis calls survived, by component (`state`:
+                                        the state watcher; `idempotency`: requests served
+                                        without deduplication) and kind (READONLY, OOM,
+                                        unavailable, unreadable, over budget, ...)
 
 Cost per 1,000 requests is `1000 * rate(canary_cost_total) / rate(canary_model_calls_total
 {outcome="ok"})`, per arm (see ops/grafana-dashboard.json).
@@ -97,3 +101,13 @@ class GatewayMetrics:
             self.cost.add(attempt.cost, attrs)
         if gateway_ms is not None and record.attempts:
             self.stages.record(gateway_ms, {"arm": record.attempts[-1].arm, "stage": "gateway"})
+
+def observe_store_errors(meter: Meter, errors: Callable[[], dict[str, dict[str, int]]]) -> None:
+    """`canary.store.errors`: `errors()` gives component -> kind -> count so far."""
+    def observe(_: CallbackOptions):
+        for component, kinds in errors().items():
+            for kind, n in kinds.items():
+                yield Observation(n, {"component": component, "kind": kind})
+
+    meter.create_observable_counter(
+        "canary.store.errors", [observe], "{error}", "failed Redis calls survived")

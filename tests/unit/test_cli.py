@@ -99,6 +99,31 @@ def test_status_with_the_kill_switch_on_shows_nothing_effective(run):
     assert "canary share     20%" in out
 
 
+def test_status_says_which_gateway_is_stale_and_why_and_what_it_survived(run):
+    run.setup("canary", "5", "--reason", "r")
+    run.store.report_deployment(DeploymentReport(
+        gateway="gw-a", baseline_version="b1", optimized_version="o1", ts=run.clock.time(),
+        state_revision=1, stale=True, state_error="READONLY You can't write",
+        store_errors={"READONLY": 3, "unavailable": 1}))
+    run.store.report_deployment(DeploymentReport(
+        gateway="gw-b", baseline_version="b1", optimized_version="o1", ts=run.clock.time(),
+        state_revision=7, stale=True))
+    out = run("status").out
+    assert "stale state: routing all to baseline (READONLY You can't write)" in out
+    assert re.search(r"store errors +READONLY 3, unavailable 1", out)
+    assert "routed by revision 7, above the store's 1: the store lost writes" in out
+
+
+def test_a_change_after_the_store_lost_writes_is_numbered_above_them_and_warned(run):
+    run.setup("canary", "5", "--reason", "r")
+    run.store.report_deployment(DeploymentReport(
+        gateway="gw", baseline_version="b1", optimized_version="o1", ts=run.clock.time(),
+        state_revision=7))
+    result = run("canary", "10", "--reason", "resume", "--yes")
+    assert result.code == 0 and run.state.revision == 8
+    assert "rollout: warning: the store was at revision 1, behind revision 7" in result.err
+
+
 def test_status_json(run):
     run.setup("canary", "0.25", "--reason", "smoke")
     run.setup("kill", "--reason", "stop")
