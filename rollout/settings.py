@@ -205,6 +205,12 @@ class ModelSettings(BaseSettings):
     default_task: Literal["classify", "embed"] = Field(
         "classify", description="task when a request names none"
     )
+    served_model_name: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",
+        description="the model's name in the OpenAI, Open Inference Protocol and TEI routes "
+        "([HTTP API](http-api.md)); another name is a 404; none: the baseline model folder's "
+        "name (`all-MiniLM-L6-v2` for the packaged model)"
+    )
     max_tokens: int = Field(
         256, ge=8, le=8192, description="inputs are truncated to this many tokens"
     )

@@ -92,18 +92,19 @@ from serve.ingress import (
 from serve.notify import RedisLedger, StoreOutageNotifier
 from serve.override import override_allowed
 from serve.preprocess import Preprocessor
+from serve.protocols.door import FrontDoor, Parsed
+from serve.protocols.endpoints import Doors, ProtocolRoutes, document
+from serve.protocols.endpoints import router as protocol_router
 from serve.schemas import (
     MAX_ROUTING_KEY,
     PREDICT_HEADERS,
     PREDICT_OPENAPI,
     Health,
-    PredictRequest,
     PredictResponse,
     Readiness,
     RolloutView,
     document_request_models,
     max_body_bytes,
-    parse_predict,
     request_id_from,
 )
 from serve.shadow import Shadow
@@ -126,6 +127,8 @@ log = logging.getLogger("canary.gateway")
 api = FastAPI(title="Canary gateway", version="0.1.0")
 api.include_router(dashboard_router)  # /dashboard and its /v1/ API (serve.dashboard)
 document_request_models(api)  # the predict body, read by the gateway itself, in /openapi.json
+api.include_router(protocol_router)  # OpenAI, Open Inference Protocol, TEI (serve.protocols)
+document(api)  # their bodies, read by the gateway itself too
 
 
 def _ids(request: Request) -> tuple[str, str | None]:
@@ -213,6 +216,7 @@ class _Exchange:
     slot: Slot
     start: float  # perf_counter when the request arrived
     timeout_s: float  # its own (X-Request-Timeout-Ms) or the server's request timeout
+    door: FrontDoor  # its protocol: how it is parsed, answered and refused (serve.protocols)
 
     @property
     def deadline(self) -> float:
@@ -221,7 +225,7 @@ class _Exchange:
 
 @serve.deployment(name="gateway")
 @serve.ingress(api)
-class Gateway(DashboardRoutes):
+class Gateway(DashboardRoutes, ProtocolRoutes):
     async def __init__(
         self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings,
         ramp_controller: DeploymentHandle | None = None,
@@ -236,6 +240,7 @@ class Gateway(DashboardRoutes):
         check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
+        self.doors = Doors.build(settings, settings, infos[0], self.tasks)  # serve.protocols
         self.serving = infos[1]["version"]
         self.preprocess = Preprocessor(settings, settings, infos)  # tokenizes here if models agree
         self.identity = f"gateway@{socket.gethostname()}:{os.getpid()}"
@@ -360,32 +365,37 @@ class Gateway(DashboardRoutes):
                   InvalidOverride, InvalidTimeout, OverrideNotAllowed, BodyTimeout, KeyReused,
                   InProgress,
                   InputTooLarge, InvalidInput, Overloaded, ModelFailed, ModelTimeout)})
-    async def predict(self, request: Request) -> JSONResponse:
-        """The request's deadline (`X-Request-Timeout-Ms`, capped at `request_timeout_s`) and
-        its body (received by serve.ingress under `body_timeout_s`, outside any in-flight
-        bound), then a slot under the memory cap (`gateway_max_in_flight`; 503 + Retry-After
-        past it). Once its arm is known, it is refused only if it would be answered after its
-        deadline (serve.admission)."""
+    async def predict(self, request: Request) -> Response:
+        return await self.serve_door(request, self.doors.native)
+
+    async def serve_door(self, request: Request, door: FrontDoor) -> Response:
+        """One prediction request, whatever its protocol (`door`: serve.protocols). The
+        request's deadline (`X-Request-Timeout-Ms`, capped at `request_timeout_s`) and its body
+        (received by serve.ingress under `body_timeout_s`, outside any in-flight bound), then
+        a slot under the memory cap (`gateway_max_in_flight`; 503 + Retry-After past it).
+        Once its arm is known, it is refused only if it would be answered after its deadline
+        (serve.admission)."""
         # when it reached the replica (serve.ingress), else now less what the loop lags
         start = request.scope.get(ARRIVED) or time.perf_counter() - self.admission.loop.lag_s
         rid, incoming = _ids(request)
-        obs = self.observer.start(rid, request.headers)
+        obs = self.observer.start(rid, request.headers, door.name, request.scope.get("path"))
         try:
             timeout_s = self._timeout(request)
             body = await self._read_body(request)
         except GatewayError as exc:
             obs.finish(exc.status, error_type=exc.type)
-            return to_response(exc, rid, incoming)
+            return door.error(exc, rid, incoming)
         held = request.scope.get(SLOT)  # taken by serve.ingress, which gives it back
         if held is not None:
             return await self._predict(request, body,
-                                       _Exchange(rid, incoming, obs, held, start, timeout_s))
+                                       _Exchange(rid, incoming, obs, held, start, timeout_s,
+                                                 door))
         with self.admission.admitted() as slot:
             if slot is None:
                 obs.finish(503, error_type=Overloaded.type)
-                return to_response(Overloaded("the gateway is at capacity; retry later"), rid,
-                                   incoming)
-            exchange = _Exchange(rid, incoming, obs, slot, start, timeout_s)
+                return door.error(Overloaded("the gateway is at capacity; retry later"), rid,
+                                  incoming)
+            exchange = _Exchange(rid, incoming, obs, slot, start, timeout_s, door)
             return await self._predict(request, body, exchange)
 
     def _timeout(self, request: Request) -> float:
@@ -401,7 +411,7 @@ class Gateway(DashboardRoutes):
         except ValueError as exc:
             raise InvalidTimeout(str(exc)) from None
 
-    async def _predict(self, request: Request, body: bytes, ex: _Exchange) -> JSONResponse:
+    async def _predict(self, request: Request, body: bytes, ex: _Exchange) -> Response:
         """An admitted request, one step each: check an override header against the operator
         token -> parse -> claim its Idempotency-Key (or replay the stored answer) -> route ->
         call the arm (with fallback) -> respond -> offer a shadow comparison. A GatewayError
@@ -409,17 +419,18 @@ class Gateway(DashboardRoutes):
         however it ends."""
         try:
             overridden = override_allowed(self.settings.operator_token, request.headers)
-            parsed, task = self._parse(body, ex.obs)
+            parsed, task = self._parse(body, request, ex)
             key = request.headers.get("idempotency-key")
             async with self.idempotency.claim(key, task, parsed.inputs) as claim:
                 if claim.replay is not None:
-                    return self._replay(claim.replay, ex.obs)
+                    return self._replay(claim.replay, ex, parsed)
                 try:
-                    decision = self._route(request, overridden, ex)
+                    decision = self._route(request, overridden, ex, parsed.routing_key)
                     answer, fallback = await self._call_arm(decision.arm, parsed.inputs, task, ex)
                 except GatewayError as exc:  # answered before the claim is released
                     return self._failed(exc, ex)
-                response, stored = self._respond(answer, fallback, decision.label, task, ex)
+                response, stored = self._respond(answer, fallback, decision.label, task, ex,
+                                                 parsed)
                 claim.complete(stored)
         except GatewayError as exc:
             return self._failed(exc, ex)
@@ -430,26 +441,31 @@ class Gateway(DashboardRoutes):
             self._offer_shadow(ex.obs, answer, parsed.inputs, task, request.headers)
         return response
 
-    def _parse(self, body: bytes, obs: Observation) -> tuple[PredictRequest, str]:
-        """The request body as inputs and a task this model serves (422 otherwise)."""
-        parsed = parse_predict(body, self.settings)
+    def _parse(self, body: bytes, request: Request, ex: _Exchange) -> tuple[Parsed, str]:
+        """The request body, as its protocol reads it, as inputs and a task this model serves
+        (422 otherwise)."""
+        parsed = ex.door.parse(body, request)
         task = parsed.task or self.settings.default_task
-        obs.parsed(parsed.inputs, task)
+        ex.obs.parsed(parsed.inputs, task)
         if task not in self.tasks:
             raise InvalidInput(f"task {task!r} is not supported by this model")
         return parsed, task
 
-    def _replay(self, stored: dict, obs: Observation) -> JSONResponse:
-        """The response stored under the request's Idempotency-Key, sent again as it was."""
-        obs.finish(stored["status"], arm=stored["body"]["arm"], replayed=True)
-        return JSONResponse(stored["body"], status_code=stored["status"],
-                            headers={**stored["headers"], **REPLAYED})
+    def _replay(self, stored: dict, ex: _Exchange, parsed: Parsed) -> Response:
+        """The response stored under the request's Idempotency-Key, sent again as it was (in
+        the shape of the protocol that asks again)."""
+        ex.obs.finish(stored["status"], arm=stored["body"]["arm"], replayed=True)
+        response = ex.door.answer(stored["body"], stored.get("tokens", 0), parsed)
+        response.status_code = stored["status"]
+        response.headers.update({**stored["headers"], **REPLAYED})
+        return response
 
-    def _route(self, request: Request, overridden: bool, ex: _Exchange):
+    def _route(self, request: Request, overridden: bool, ex: _Exchange, body_key: str | None):
         """The arm for the request (rollout.policy `decide`): from the cached rollout state,
-        never a Redis call, keyed on `X-Routing-Key` (else the request ID), with the header
+        never a Redis call, keyed on `X-Routing-Key` (else the key its body carries, OpenAI's
+        `user`, else the request ID), with the header
         routes and, when the operator token allowed it (`overridden`), the override header."""
-        key = (request.headers.get("x-routing-key") or ex.rid)[:MAX_ROUTING_KEY]
+        key = (request.headers.get("x-routing-key") or body_key or ex.rid)[:MAX_ROUTING_KEY]
         routing = time.perf_counter()
         view = self.watcher.view()
         decision = decide(
@@ -472,7 +488,7 @@ class Gateway(DashboardRoutes):
         return await self._call_with_fallback(ex, arm, inputs, task)
 
     def _respond(self, answer: ModelAnswer, fallback: bool, routing: str, task: str,
-                 ex: _Exchange) -> tuple[JSONResponse, dict]:
+                 ex: _Exchange, parsed: Parsed) -> tuple[Response, dict]:
         """The 200 response (and the record an Idempotency-Key stores to replay it); what the
         request saw goes to the admission and the observation."""
         total_ms = (time.perf_counter() - ex.start) * 1000
@@ -492,14 +508,16 @@ class Gateway(DashboardRoutes):
         arm_headers = {"X-Canary-Arm": answer.arm, "X-Canary-Reason": routing}
         headers = {**id_headers(ex.rid, ex.incoming), **arm_headers,
                    "Server-Timing": server_timing(timing) + batch_timing(answer.batch)}
-        stored = {"status": 200, "body": body,
+        stored = {"status": 200, "body": body, "tokens": answer.tokens,
                   "headers": {"X-Request-ID": ex.rid, **arm_headers}}
-        return JSONResponse(body, headers=headers), stored
+        response = ex.door.answer(body, answer.tokens, parsed)  # in its protocol's shape
+        response.headers.update(headers)
+        return response, stored
 
-    def _failed(self, exc: GatewayError, ex: _Exchange) -> JSONResponse:
-        """A domain error as the client's response."""
+    def _failed(self, exc: GatewayError, ex: _Exchange) -> Response:
+        """A domain error as the client's response, in its protocol's shape."""
         ex.obs.finish(exc.status, error_type=exc.type)
-        return to_response(exc, ex.rid, ex.incoming)
+        return ex.door.error(exc, ex.rid, ex.incoming)
 
     @staticmethod
     def _abandoned(exc: BaseException, obs: Observation) -> None:

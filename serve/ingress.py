@@ -52,6 +52,7 @@ from starlette.middleware import Middleware
 from rollout.settings import AdmissionSettings, ServingSettings
 from serve.admission import TIMEOUT_HEADER, requested_timeout_s
 from serve.errors import Overloaded, error_response
+from serve.protocols import predicts
 from serve.schemas import max_body_bytes, request_id_from
 
 Scope = MutableMapping[str, Any]
@@ -192,7 +193,8 @@ class BodyGate:
 
     @staticmethod
     def _predicts(scope: Scope) -> bool:
-        return scope.get("path") == SHED_PATH
+        """A prediction, through any front door (serve.protocols)."""
+        return predicts(scope.get("path"))
 
     def _door(self, scope: Scope) -> Refusal | None:
         """Why and for how long the gateway's admission refuses this prediction request before

@@ -162,26 +162,35 @@ def parse_predict(body: bytes, settings: AdmissionSettings) -> PredictRequest:
         request = PredictRequest.model_validate_json(body)
     except ValidationError as exc:
         raise InvalidInput(_describe(exc)) from None
-    for i, text in enumerate(request.inputs):
+    check_inputs(request.inputs, settings)
+    return request
+
+
+def check_inputs(inputs: list[str], settings: AdmissionSettings, name: str = "inputs") -> None:
+    """Every protocol's texts against the same rules: none empty or blank (InvalidInput), and
+    within the items, characters per item and characters in all limits (InputTooLarge); the
+    messages name the field as the protocol calls it (`name`)."""
+    if not inputs:
+        raise InvalidInput(f"{name} is empty")
+    for i, text in enumerate(inputs):
         if not text.strip():
-            raise InvalidInput(f"inputs[{i}] is empty")
-    if len(request.inputs) > settings.max_items:
+            raise InvalidInput(f"{name}[{i}] is empty")
+    if len(inputs) > settings.max_items:
         raise InputTooLarge(
-            f"{len(request.inputs)} inputs is over the limit of {settings.max_items} per request"
+            f"{len(inputs)} {name} is over the limit of {settings.max_items} per request"
         )
     total = 0
-    for i, text in enumerate(request.inputs):
+    for i, text in enumerate(inputs):
         if len(text) > settings.max_item_chars:
             raise InputTooLarge(
-                f"inputs[{i}] has {len(text)} characters, "
+                f"{name}[{i}] has {len(text)} characters, "
                 f"over the limit of {settings.max_item_chars}"
             )
         total += len(text)
     if total > settings.max_total_chars:
         raise InputTooLarge(
-            f"inputs total {total} characters, over the limit of {settings.max_total_chars}"
+            f"{name} total {total} characters, over the limit of {settings.max_total_chars}"
         )
-    return request
 
 
 def _describe(exc: ValidationError) -> str:

@@ -6,7 +6,8 @@ Stage times, batch size, queue length and compute time come back from the model 
 each answer (the same numbers as `Server-Timing`), so one process, the gateway, holds every
 per-arm metric and its Prometheus endpoint shows all of them.
 
-    canary.requests          counter    arm, status (HTTP code), outcome
+    canary.requests          counter    arm, status (HTTP code), outcome, protocol (the front
+                                        door: native, openai, oip, tei)
     canary.model.calls       counter    arm, outcome (ok, error, timeout, overloaded)
     canary.retries           counter    arm (that failed and was retried on baseline)
     canary.fallbacks         counter    arm (whose request baseline then answered)
@@ -79,10 +80,12 @@ class GatewayMetrics:
             meter.create_observable_counter(
                 "canary.telemetry.dropped", [observe], "{item}", "telemetry items dropped")
 
-    def record(self, record: RequestRecord, outcome: str, gateway_ms: float | None) -> None:
+    def record(self, record: RequestRecord, outcome: str, gateway_ms: float | None,
+               protocol: str = "native") -> None:
         arm = record.routed or "none"
         status = str(record.status)
-        self.requests.add(1, {"arm": arm, "status": status, "outcome": outcome})
+        self.requests.add(1, {"arm": arm, "status": status, "outcome": outcome,
+                              "protocol": protocol})
         self.latency.record(record.latency_ms, {"arm": arm, "status": status})
         if record.retries:
             self.retries.add(record.retries, {"arm": arm})

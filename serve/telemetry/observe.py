@@ -87,10 +87,13 @@ class Observer:
         self.metrics = GatewayMetrics(telemetry.meter, price=telemetry.settings.device_hour_price,
                                       dropped=telemetry.dropped)
 
-    def start(self, request_id: str, headers: Mapping[str, str]) -> Observation:
+    def start(self, request_id: str, headers: Mapping[str, str], protocol: str = "native",
+              path: str | None = None) -> Observation:
+        """`protocol`: the front door it came through (serve.protocols), in its span, metrics
+        and log line; `path`: its URL path (the span's name)."""
         if not self.telemetry.enabled:
             return NULL_OBSERVATION
-        return Observation(self, request_id, headers)
+        return Observation(self, request_id, headers, protocol, path or "/v1/predict")
 
     @_never_raises
     def shed(self, latency_ms: float) -> None:
@@ -143,15 +146,17 @@ class _Call:
 
 
 class Observation:
-    def __init__(self, observer: Observer, request_id: str, headers: Mapping[str, str]):
+    def __init__(self, observer: Observer, request_id: str, headers: Mapping[str, str],
+                 protocol: str = "native", path: str = "/v1/predict"):
         self.observer, self.metrics = observer, observer.metrics
+        self.protocol = protocol
         self.tracer = observer.telemetry.tracer
         self.request_id = request_id
         self.start = time.perf_counter()
         self.span = self.tracer.start_span(
-            "POST /v1/predict", context=extract(headers), kind=SpanKind.SERVER,
-            attributes={"http.request.method": "POST", "url.path": "/v1/predict",
-                        "canary.request_id": request_id})
+            f"POST {path}", context=extract(headers), kind=SpanKind.SERVER,
+            attributes={"http.request.method": "POST", "url.path": path,
+                        "canary.request_id": request_id, "canary.protocol": protocol})
         self.context = trace.set_span_in_context(self.span)
         self.attempts: list[Attempt] = []
         self.routed: str | None = None
@@ -210,7 +215,7 @@ class Observation:
         span.end()
         if not replayed:
             self.metrics.record(record, "ok" if status == 200 else (error_type or "error"),
-                                gateway_ms)
+                                gateway_ms, protocol=self.protocol)
         telemetry = self.observer.telemetry
         now = self.observer.clock.time()
         if telemetry.sink is not None and record.routed is not None and not replayed:
@@ -221,7 +226,7 @@ class Observation:
                 "arm": arm, "routed_arm": self.routed, "fallback": fallback,
                 "items": self.items, "chars": self.chars, "task": self.task,
                 "latency_ms": round(latency_ms, 3), "status": status, "error_type": error_type,
-                "replayed": replayed,
+                "replayed": replayed, "protocol": self.protocol,
             })
 
 

@@ -193,10 +193,15 @@ def test_metrics_after_a_known_sequence_of_requests(rig):
 
     m = rig.metrics()
     req = "canary.requests"
-    assert m[(req, (("arm", "baseline"), ("outcome", "ok"), ("status", "200")))] == 3
-    assert m[(req, (("arm", "baseline"), ("outcome", "timeout"), ("status", "504")))] == 1
-    assert m[(req, (("arm", "optimized"), ("outcome", "ok"), ("status", "200")))] == 1
-    assert m[(req, (("arm", "none"), ("outcome", "invalid_input"), ("status", "422")))] == 1
+
+    def requests(arm, outcome, status):  # every request here came through the native door
+        return m[(req, (("arm", arm), ("outcome", outcome), ("protocol", "native"),
+                        ("status", status)))]
+
+    assert requests("baseline", "ok", "200") == 3
+    assert requests("baseline", "timeout", "504") == 1
+    assert requests("optimized", "ok", "200") == 1
+    assert requests("none", "invalid_input", "422") == 1
     calls = "canary.model.calls"
     assert m[(calls, (("arm", "baseline"), ("outcome", "ok")))] == 4
     assert m[(calls, (("arm", "baseline"), ("outcome", "timeout")))] == 1
