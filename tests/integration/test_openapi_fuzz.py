@@ -20,6 +20,10 @@ pytestmark = pytest.mark.integration
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 PUBLIC = ["/v1/predict", "/v1/rollout", "/healthz", "/readyz"]
+NAME = "tiny-encoder"  # the served model (tests.serve_app's model folder)
+DOORS = ["/v1/embeddings", "/v2/models/{name}/infer", "/embed", "/predict"]  # serve.protocols
+DOOR_READS = ["/v1/models", "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}",
+              "/v2/models/{name}/ready", "/info"]
 REQUEST_TIMEOUT_S = 10  # one request's deadline; the whole module stays well under a minute
 
 
@@ -33,7 +37,7 @@ def _fuzz(examples: int):
 def contract(gateway):
     """The running app's own OpenAPI document, its public endpoints only."""
     loaded = schemathesis.openapi.from_url(f"{gateway.url}/openapi.json", timeout=30)
-    return loaded.include(path=PUBLIC)
+    return loaded.include(path=PUBLIC + DOORS + DOOR_READS)
 
 
 def test_the_running_app_serves_the_declared_predict_contract(gw):
@@ -74,6 +78,39 @@ def test_a_valid_request_is_answered_as_declared(gw, contract):
 
 @pytest.mark.parametrize("path", ["/v1/rollout", "/healthz", "/readyz"])
 def test_the_other_public_endpoints_answer_as_declared(gw, contract, path):
+    operation = contract[path]["GET"]
+
+    @_fuzz(5)
+    @given(case=operation.as_strategy(GenerationMode.POSITIVE))
+    def run(case):
+        case.validate_response(case.call(base_url=gw.url, timeout=REQUEST_TIMEOUT_S),
+                               checks=CHECKS)
+
+    run()
+
+
+@pytest.mark.parametrize("path", DOORS)
+def test_fuzzed_front_door_requests_get_declared_answers(gw, contract, path):
+    operation = contract[path]["POST"]
+    cases = (operation.as_strategy(GenerationMode.POSITIVE)
+             | operation.as_strategy(GenerationMode.NEGATIVE))
+    seen: set[int] = set()
+
+    @_fuzz(30)
+    @given(case=cases)
+    def run(case):
+        if case.path_parameters is not None and "name" in case.path_parameters:
+            case.path_parameters["name"] = NAME  # the served model, else every case is a 404
+        response = case.call(base_url=gw.url, timeout=REQUEST_TIMEOUT_S)
+        seen.add(response.status_code)
+        case.validate_response(response, checks=CHECKS)
+
+    run()
+    assert seen - {200}, seen  # refusals were checked against the contract too
+
+
+@pytest.mark.parametrize("path", DOOR_READS)
+def test_the_front_doors_reads_answer_as_declared(gw, contract, path):
     operation = contract[path]["GET"]
 
     @_fuzz(5)
