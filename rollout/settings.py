@@ -637,6 +637,11 @@ class ShadowSettings(BaseSettings):
         5.0, gt=0, le=600, description="deadline of one shadow call (it never holds up the "
         "response)"
     )
+    shadow_reservoir_size: int = Field(
+        2_000, ge=0, le=100_000, description="embed requests: recent baseline vectors each "
+        "gateway replica keeps, in which a shadowed pair's two top-10 neighbours are compared "
+        "(online recall@10, the ramp's `min_recall_at_10`); 0: not measured"
+    )
     slice_header: str = Field(
         "", max_length=100, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]*$",
         description="request header whose value is a slice of the shadow comparison (e.g. a "

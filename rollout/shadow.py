@@ -7,7 +7,10 @@ A *shadowed* request was answered by one arm and, off the response path, also se
 - `classify`: the pair *agrees* when both arms give the same top-1 label; it is filed under the
   *baseline's* margin (top-1 minus top-2 score) in the buckets of rollout.agreement, so flips at
   the decision boundary are told apart from flips in the confident bulk, as `rollout verify` does;
-- `embed`: the pair's cosine similarity between the two embeddings.
+- `embed`: the pair's cosine similarity between the two embeddings and, where the gateway
+  keeps a reservoir of recent baseline vectors (serve.shadow, `shadow_reservoir_size`), how
+  many of the baseline vector's K = 10 nearest vectors in it the optimized vector also finds
+  (`neighbours`, 0-10: rollout.retrieval's recall@10, online).
 
 Layout: one hash per wall-clock second, `rollout:<app>:telemetry:shadow:<second>`, whose fields
 are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge without coordination:
@@ -16,6 +19,9 @@ are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge withou
     m<i>:pairs, m<i>:agreed            the same per baseline-margin bucket i (MARGIN_EDGES)
     cos_n, cos_sum                     embed pairs and the sum of their cosines
     cos:<j>                            embed pairs per cosine bin j (COSINE_GAPS)
+    nb_n, nb_hits                      embed pairs compared in the reservoir, and the sum of
+                                       their shared top-10 neighbours (recall@10 =
+                                       nb_hits / (10 nb_n))
     calls, shed, errors                shadow calls answered; sampled requests not shadowed
                                        because of load; shadow calls that failed or timed out
     sl:<slice>:pairs, sl:<slice>:agreed, sl:<slice>:cflips
@@ -54,6 +60,7 @@ from rollout.agreement import (
     margins,
     wilson_interval,
 )
+from rollout.retrieval import K
 from rollout.slices import DEFAULT_MIN_PAIRS, SliceRow, slice_table
 
 COSINE_GAPS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
@@ -75,6 +82,7 @@ class PairOutcome:
     margin: float | None = None  # classify: the baseline's top-1 minus top-2 score
     cosine: float | None = None  # embed: cosine between the two embeddings
     slices: tuple[str, ...] = ()  # classify: the input's slice keys (rollout.slices)
+    neighbours: int | None = None  # embed: shared top-10 neighbours in the reservoir (0-10)
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -151,6 +159,9 @@ def shadow_fields(outcomes: Iterable[PairOutcome] = (), *, calls: int = 0, shed:
             add("cos_n")
             add("cos_sum", pair.cosine)
             add(f"cos:{cosine_bin(pair.cosine)}")
+        if pair.neighbours is not None:
+            add("nb_n")
+            add("nb_hits", pair.neighbours)
     return fields
 
 
@@ -206,6 +217,8 @@ class ShadowStats:
     `by_margin` maps each baseline-margin bucket label to (agreed, pairs); `confident_pairs`
     and `confident_agreed` sum the buckets from CONFIDENT_MARGIN up; cosine figures are over
     embed pairs (`cosine_p1` and `cosine_min` are histogram lower edges, see the module);
+    `recall_queries` embed pairs were compared in the reservoir, sharing `recall_hits` of their
+    top-10 neighbours (`recall_at_10`, None without any);
     `slices` maps each slice to (pairs, agreed, confident flips), `slice_rows` is its table
     worst first (rollout.slices)."""
 
@@ -226,6 +239,15 @@ class ShadowStats:
     shed: int
     errors: int
     slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    recall_queries: int = 0
+    recall_hits: int = 0
+
+    @property
+    def recall_at_10(self) -> float | None:
+        """The mean share of a baseline vector's top-10 the optimized vector also finds."""
+        if not self.recall_queries:
+            return None
+        return min(self.recall_hits, K * self.recall_queries) / (K * self.recall_queries)
 
     def slice_rows(self, min_pairs: int = 1) -> list[SliceRow]:
         """The slice table, worst first; a slice with fewer than `min_pairs` pairs is shown
@@ -249,6 +271,7 @@ class ShadowStats:
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
         out["confident_flip_rate"] = self.confident_flip_rate
+        out["recall_at_10"] = self.recall_at_10
         out["by_margin"] = {label: list(cell) for label, cell in self.by_margin.items()}
         out["slices"] = {key: list(cell) for key, cell in self.slices.items()}
         out["slice_table"] = [row.as_dict() for row in self.slice_rows(DEFAULT_MIN_PAIRS)]
@@ -295,5 +318,6 @@ def aggregate_shadow(hashes: Iterable[Mapping[str, str | float]], seconds: float
         cosine_p1=_cosine_low(histogram, max(1, math.ceil(0.01 * cos_n))) if cos_n else None,
         cosine_min=_cosine_low(histogram, 1) if cos_n else None,
         calls=count("calls"), shed=count("shed"), errors=count("errors"),
-        slices=slice_counts(totals),
+        slices=slice_counts(totals), recall_queries=count("nb_n"),
+        recall_hits=count("nb_hits"),
     )

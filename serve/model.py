@@ -116,6 +116,19 @@ def rotate_script(outputs: list[dict], encoded: Encoded, tokenizer, script: str)
             for output, text in zip(outputs, texts, strict=True)]
 
 
+def perturb_embeddings(outputs: list[dict], scale: float) -> list[dict]:
+    """Fault injection (`fault_perturb_embeddings`): each embedding moved by Gaussian noise of
+    `scale` times its norm, spread over its dimensions, and renormalised: an arm whose vectors
+    find other neighbours while their cosine with the baseline stays high."""
+    moved = []
+    for output in outputs:
+        vector = torch.tensor(output["embedding"])
+        noise = torch.randn(vector.shape) * scale * vector.norm() / vector.numel() ** 0.5
+        shifted = torch.nn.functional.normalize(vector + noise, dim=0)
+        moved.append({**output, "embedding": shifted.tolist()})
+    return moved
+
+
 def startup_threads(settings: ModelSettings) -> int:
     """Torch threads while a replica builds its model (`auto` measuring its candidates, a
     calibrated recipe searching): every core, since no replica serves before its models are
@@ -185,7 +198,8 @@ class ModelServer:
         run out of memory, or every classify answer's scores move one label on, or every
         forward spins that many ms of CPU first: a slower optimized arm); off unless set.
         `fault_rotate_script` (a script of rollout.slices, e.g. `han`): the label rotation for
-        the inputs of that script only (`rotate_script`).
+        the inputs of that script only (`rotate_script`); `fault_perturb_embeddings` (a scale):
+        noise on every embedding (`perturb_embeddings`).
         """
         size = int(user_config.get("max_batch_size", self.max_batch_size))
         wait_ms = float(user_config.get("batch_wait_ms", self.batch_wait_ms))
@@ -200,6 +214,7 @@ class ModelServer:
         self.fault_rotate_labels = bool(user_config.get("fault_rotate_labels", False))
         self.fault_rotate_script = str(user_config.get("fault_rotate_script", ""))
         self.fault_cpu_s = float(user_config.get("fault_cpu_ms", 0)) / 1000
+        self.fault_perturb = float(user_config.get("fault_perturb_embeddings", 0))
 
     def _forward(self, rows):
         """One forward; with `fault_oom_tokens` set, more padded tokens than that run out of
@@ -305,6 +320,8 @@ class ModelServer:
         if getattr(self, "fault_rotate_script", "") and task == "classify" and encoded:
             outputs = rotate_script(outputs, encoded, self.variant.tokenizer,
                                     self.fault_rotate_script)
+        if getattr(self, "fault_perturb", 0) and task == "embed":
+            outputs = perturb_embeddings(outputs, self.fault_perturb)
         return outputs
 
     def _answer(self, outputs: list[dict], encoded: Encoded, forwarded: _Forwarded,

@@ -2,9 +2,9 @@
 compatibility (rollout.retrieval: what the figures mean and how they are judged).
 
 `retrieval_of` runs the offline comparison (`rollout verify`, `auto`): the judged inputs'
-baseline vectors are the index, every QUERY_EVERY-th input a query, itself excluded. `top_k`
-is the one search, also what the gateway's shadow runs against its reservoir (serve.shadow).
-Exact search: the index is a few thousand vectors, one matrix product.
+baseline vectors are the index, every QUERY_EVERY-th input a query, itself excluded. Exact
+search: the index is a few thousand vectors, one matrix product. The gateway's shadow, which
+loads no torch, searches its reservoir the same way with numpy (serve.reservoir).
 """
 
 from __future__ import annotations

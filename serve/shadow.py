@@ -21,7 +21,12 @@ One answered request (not a fallback, not an idempotent replay) goes through:
    `HeaderValues`). The length is the baseline answer's token count for the request shared
    among its texts by characters (`tokens_per_input`): exact for one text, approximate for
    several. A slicing bug costs the slices of that comparison, never the comparison;
-6. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
+6. **neighbours** (embed, `CANARY_SHADOW_RESERVOIR_SIZE` > 0): each pair's two vectors are
+   searched in the replica's reservoir of recent baseline vectors (serve.reservoir), off the
+   event loop, and the pair counts how many of the baseline's top-10 the optimized arm's
+   top-10 shares (online recall@10, rollout.shadow); the baseline vectors then join the
+   reservoir. A failure here costs the neighbours of that comparison, never the comparison;
+7. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
    differ go, after the capture policy and redaction hook of rollout.flips, to the flip stream
    through the same sink. A failing hook or Redis costs a counter, never the comparison.
 
@@ -34,6 +39,8 @@ at most `shadow_max_concurrency` of them per replica; `close()` cancels the outs
                                      mismatch, shed)
     canary.shadow.pairs   counter    arm, margin (baseline-margin bucket), agreed (true, false)
     canary.shadow.cosine  histogram  arm: cosine of embed pairs
+    canary.shadow.recall_at_10  histogram  arm: an embed pair's shared share of top-10
+                                     neighbours in the reservoir (its mean: sum / count)
     canary.shadow.flips   counter    outcome (captured, too_long, redacted, redact_error):
                                      flipped inputs met by flip capture
 """
@@ -53,10 +60,12 @@ from rollout.agreement import bucket_label, bucket_of
 from rollout.clock import Clock, SystemClock
 from rollout.flips import FlipCapture, load_redactor
 from rollout.policy import Arm, Reason
+from rollout.retrieval import K
 from rollout.settings import ShadowSettings
 from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
 from rollout.slices import HeaderValues, slices_of, tokens_per_input
 from serve.answer import ModelAnswer
+from serve.reservoir import Reservoir
 from serve.telemetry.observe import call_outcome
 from serve.telemetry.otel import Telemetry
 
@@ -65,6 +74,7 @@ log = logging.getLogger("canary.shadow")
 # arm, texts, task, timeout (s), trace carrier -> the arm's answer (Gateway._remote)
 ShadowCall = Callable[[Arm, list[str], str, float, dict | None], Awaitable[ModelAnswer]]
 COSINE_BOUNDS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999, 0.999999)
+RECALL_BOUNDS = (0.05, 0.25, 0.45, 0.65, 0.75, 0.85, 0.95)  # between the tenths a pair takes
 
 
 class ShadowMetrics:
@@ -79,6 +89,10 @@ class ShadowMetrics:
             explicit_bucket_boundaries_advisory=COSINE_BOUNDS)
         self.flips = meter.create_counter(
             "canary.shadow.flips", "{input}", "flipped inputs by flip-capture outcome")
+        self.recall = meter.create_histogram(
+            "canary.shadow.recall_at_10", "1", "share of the baseline vector's top-10 "
+            "neighbours in the reservoir the optimized vector's top-10 also holds",
+            explicit_bucket_boundaries_advisory=RECALL_BOUNDS)
 
     def record(self, arm: str, outcome: str, pairs: Sequence[PairOutcome]) -> None:
         self.calls.add(1, {"arm": arm, "outcome": outcome})
@@ -89,6 +103,8 @@ class ShadowMetrics:
                                    "agreed": "true" if pair.agreed else "false"})
             if pair.cosine is not None:
                 self.cosine.record(pair.cosine, {"arm": arm})
+            if pair.neighbours is not None:
+                self.recall.record(pair.neighbours / K, {"arm": arm})
 
 
 def _outcome(exc: BaseException) -> str:
@@ -109,6 +125,23 @@ def _sliced(pairs: list[PairOutcome], texts: list[str], baseline: ModelAnswer,
                                                   strict=True)]
     except Exception:
         log.exception("slicing a shadow comparison failed (it is counted without slices)")
+        return pairs
+
+
+async def with_neighbours(reservoir: Reservoir | None, pairs: list[PairOutcome],
+                          baseline: ModelAnswer, optimized: ModelAnswer) -> list[PairOutcome]:
+    """The embed pairs with their shared top-10 neighbours in `reservoir` (see the module
+    docstring, 6), computed in a worker thread; the pairs as they are when it fails."""
+    if reservoir is None or not reservoir.size:
+        return pairs
+    try:
+        shared = await asyncio.to_thread(
+            reservoir.neighbours, [out["embedding"] for out in baseline.outputs],
+            [out["embedding"] for out in optimized.outputs])
+        return [dataclasses.replace(pair, neighbours=found)
+                for pair, found in zip(pairs, shared, strict=True)]
+    except Exception:
+        log.exception("comparing shadow neighbours failed (the pair is counted without them)")
         return pairs
 
 
@@ -136,6 +169,7 @@ class Shadow:
         self.metrics = ShadowMetrics(telemetry.meter)
         self.flips = flip_capture(settings)
         self.header_values = HeaderValues()  # the CANARY_SLICE_HEADER values, bounded
+        self.reservoir = Reservoir(settings.shadow_reservoir_size)  # recent baseline vectors
         self.tasks: set[asyncio.Task] = set()  # shadow calls running
 
     @property
@@ -180,6 +214,8 @@ class Shadow:
             other = await self.call(target, texts, task, self.settings.shadow_timeout_s, None)
             baseline, optimized = (result, other) if answered is Arm.BASELINE else (other, result)
             pairs = compare(task, baseline.outputs, optimized.outputs)
+            if task == "embed":
+                pairs = await with_neighbours(self.reservoir, pairs, baseline, optimized)
         except asyncio.CancelledError:
             span.set_attribute("canary.shadow.outcome", "cancelled")
             span.end()

@@ -53,6 +53,7 @@ class ScriptedMetrics:
         self.pairs, self.agreed = 0, 0
         self.confident_pairs, self.confident_flips = 0, 0
         self.slice_counts: dict[str, tuple[int, int]] = {}  # slice -> (pairs, agreed)
+        self.recall_pairs, self.recall_hits = 0, 0  # embed pairs, shared top-10 neighbours
         self.asked: list[int] = []
         self.shadow_asked: list[tuple[int, float | None]] = []  # (last_s, min_margin)
 
@@ -70,6 +71,9 @@ class ScriptedMetrics:
 
     def slices(self, last_s):
         return dict(self.slice_counts)
+
+    def recall(self, last_s):
+        return self.recall_pairs, self.recall_hits
 
 
 class Harness:
@@ -155,3 +159,6 @@ class ShadowFedMetrics(ScriptedMetrics):
 
     def slices(self, last_s):
         return self.shadow.slices(last_s)
+
+    def recall(self, last_s):
+        return self.shadow.recall(last_s)

@@ -86,6 +86,9 @@ def shadow_lines(stats: ShadowStats) -> list[str]:
     if stats.cosine_n:
         lines.append(f"  cosine    mean {stats.cosine_mean:.6f}, p1 >= {stats.cosine_p1:.6f}, "
                      f"min >= {stats.cosine_min:.6f} (n={stats.cosine_n:,})")
+    if stats.recall_queries:
+        lines.append(f"  recall@10 {_pct2(stats.recall_at_10)} of the baseline's top-10 "
+                     f"neighbours in the reservoir (n={stats.recall_queries:,} embed pairs)")
     lines.append(f"  shadow    {stats.calls:,} calls compared, {load}")
     if stats.pairs:
         rows = [(label, f"{pairs:,}", f"{pairs - agreed:,}", _pct2(agreed / pairs))

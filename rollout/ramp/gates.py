@@ -13,7 +13,8 @@ them, through an anytime-valid 95 % confidence sequence (rollout.agreement.agree
 when its lower end reaches the threshold, fails when its upper end is below it, else waits), so
 that looking every few seconds does not inflate the chance of passing a canary that is truly
 below the threshold; `confident_flip_rate` those at a baseline margin >= `gates.min_margin`;
-`worst_slice_agreement` each slice's pairs (rollout.slices), see `_read_slices`.
+`worst_slice_agreement` each slice's pairs (rollout.slices), see `_read_slices`;
+`min_recall_at_10` the embed pairs compared in the shadow's reservoir, see `_read_recall`.
 The other gates judge the last `window_s` seconds. `realized_speedup` judges the baseline's
 CPU seconds per input over the optimized arm's (rollout.efficiency) on its 99.9 % interval, as
 `agreement_lower_bound` judges its sequence: it passes when the lower end reaches the minimum
@@ -210,6 +211,26 @@ def _slice_rows(slices: dict[str, tuple[int, int]], ends: dict[str, tuple]) -> t
         not r["judged"], r["lower"] if r["judged"] else r["agreement"] or 0.0, r["slice"])))
 
 
+def _read_recall(inputs: GateInputs) -> Reading:
+    """`min_recall_at_10`: the mean share of shared top-10 neighbours over the step's embed
+    pairs (rollout.shadow), judged on the anytime-valid 95 % confidence sequence of
+    rollout.agreement.agreement_cs with each pair's share (0-1) as its outcome: the
+    Beta-mixture martingale stays a supermartingale for outcomes anywhere in [0, 1] (the
+    likelihood ratio is convex in the outcome, so its mean is at most the Bernoulli one, 1),
+    so the sequence keeps its coverage for a bounded mean, as it does for agreement."""
+    gates, threshold = inputs.gates, inputs.gates.min_recall_at_10
+    queries, hits = inputs.metrics.recall(inputs.shadow_s)
+    shares = min(hits, 10 * queries) / 10
+    if queries < gates.min_agreement_pairs:
+        return Reading(shares / queries if queries else None, threshold,
+                       f"{queries}/{gates.min_agreement_pairs} embed pairs compared in the "
+                       f"reservoir in {inputs.span}", ready=False)
+    lower, upper = agreement_cs(shares, queries, threshold)
+    return Reading(lower, threshold, f"anytime 95% CS [{lower:.4f}, {upper:.4f}] of recall@10 "
+                   f"{shares / queries:.4f} over {queries} embed pairs in {inputs.span}",
+                   interval=(lower, upper))
+
+
 def _read_error_rate(inputs: GateInputs) -> Reading:
     """`error_rate`: the canary's, against the baseline's plus `error_rate_delta`."""
     threshold = (inputs.baseline.error_rate or 0.0) + inputs.gates.error_rate_delta
@@ -260,6 +281,8 @@ GATE_SPECS: tuple[GateSpec, ...] = (  # in the order they are judged and shown
              judge=_outside_interval, shadow=True),
     GateSpec("confident_flip_rate", "confident_flip_rate", _read_confident_flips, shadow=True),
     GateSpec("worst_slice_agreement", "worst_slice_agreement", _read_slices, op=">=",
+             judge=_outside_interval, shadow=True),
+    GateSpec("min_recall_at_10", "min_recall_at_10", _read_recall, op=">=",
              judge=_outside_interval, shadow=True),
     GateSpec("error_rate", "error_rate_delta", _read_error_rate),
     GateSpec("timeout_rate", "timeout_rate", _read_timeout_rate),

@@ -4,8 +4,10 @@
 online (shadow) comparison as counts, (pairs, agreed), from which the state machine computes its
 anytime-valid bound (rollout.agreement.agreement_cs), and `confident(last_s, min_margin)` the
 shadow pairs at a baseline margin >= `min_margin` as (pairs, flips), and `slices(last_s)` the
-shadow pairs per slice (rollout.slices) as slice -> (pairs, agreed). `horizon_s` is the longest
-window they can read: the per-second counters expire after `CANARY_TELEMETRY_WINDOW_TTL_S`.
+shadow pairs per slice (rollout.slices) as slice -> (pairs, agreed), and `recall(last_s)` the
+embed pairs compared in the shadow's reservoir as (pairs, shared top-10 neighbours).
+`horizon_s` is the longest window they can read: the per-second counters expire after
+`CANARY_TELEMETRY_WINDOW_TTL_S`.
 Unit tests script this protocol.
 """
 
@@ -36,6 +38,10 @@ class RampMetrics(Protocol):
 
     def slices(self, last_s: int) -> dict[str, tuple[int, int]]:
         """Shadow pairs per slice over the last `last_s` seconds: slice -> (pairs, agreed)."""
+
+    def recall(self, last_s: int) -> tuple[int, int]:
+        """Embed pairs compared in the reservoir over the last `last_s` seconds, and the sum
+        of their shared top-10 neighbours (rollout.shadow)."""
 
 
 class WindowsMetrics:
@@ -69,6 +75,10 @@ class WindowsMetrics:
     def slices(self, last_s: int) -> dict[str, tuple[int, int]]:
         return {key: (pairs, agreed)
                 for key, (pairs, agreed, _) in self._shadow(last_s).slices.items()}
+
+    def recall(self, last_s: int) -> tuple[int, int]:
+        stats = self._shadow(last_s)
+        return stats.recall_queries, stats.recall_hits
 
     def _shadow(self, last_s: int) -> ShadowStats:
         """`Windows.shadow(last_s)`, reading only the seconds not settled in memory."""

@@ -10,6 +10,7 @@
       min_agreement_pairs: 50      # shadow pairs needed to judge either agreement gate
       worst_slice_agreement: 0.9   # every slice's agreement (anytime CS, alpha split) >= W
       min_slice_pairs: 50          # shadow pairs a slice needs before it is judged
+      min_recall_at_10: 0.95       # embed pairs: online recall@10 (anytime CS lower end) >= K
       error_rate_delta: 0.01       # canary error rate <= baseline error rate + Y
       timeout_rate: 0.01           # canary timeout rate <= Z
       p99_ratio: 1.5               # canary p99 <= baseline p99 x R
@@ -88,6 +89,10 @@ class Gates(BaseModel):
         "label, header: rollout.slices) must reach this (rollout.ramp.gates)")
     min_slice_pairs: int = Field(50, ge=1, le=100_000_000,
                                  description="shadow pairs a slice needs before it is judged")
+    min_recall_at_10: float | None = Field(
+        None, ge=0, le=1, description="embed pairs: the share of the baseline vector's top-10 "
+        "neighbours in the shadow's reservoir the optimized vector also finds, judged on an "
+        "anytime 95 % confidence sequence (rollout.ramp.gates); needs min_agreement_pairs")
     error_rate_delta: float | None = Field(None, ge=0, le=1)
     timeout_rate: float | None = Field(None, ge=0, le=1)
     p99_ratio: float | None = Field(None, ge=1, le=1000)
@@ -110,8 +115,8 @@ class Gates(BaseModel):
     @model_validator(mode="after")
     def _some_gate(self):
         names = ("agreement_lower_bound", "confident_flip_rate", "worst_slice_agreement",
-                 "error_rate_delta", "timeout_rate", "p99_ratio", "p99_ms", "fallback_rate",
-                 "realized_speedup")
+                 "min_recall_at_10", "error_rate_delta", "timeout_rate", "p99_ratio", "p99_ms",
+                 "fallback_rate", "realized_speedup")
         if all(getattr(self, name) is None for name in names):
             raise ValueError(f"give at least one gate ({', '.join(names)})")
         return self

@@ -1,14 +1,18 @@
 """Per-slice online agreement on the real Serve app (issue 25, item 2): a canary that flips
 every Chinese input while agreeing on about 98 % of all inputs is rolled back by the ramp's
 `worst_slice_agreement` gate, where the overall agreement gate passes or waits; and the slice
-of CANARY_SLICE_HEADER, capped in number and length of values."""
+of CANARY_SLICE_HEADER, capped in number and length of values. And online retrieval
+compatibility: a canary whose embeddings drift shows its recall@10 falling in `rollout status`
+and is rolled back by the ramp's `min_recall_at_10` gate."""
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
 
+from ops.cli import main
 from rollout.ramp import CONTROLLER, parse_plan
 from tests.integration.test_ramp_gateway import wait_for
 from tests.integration.test_shadow import shadow_stats
@@ -100,3 +104,62 @@ def test_the_slice_header_is_counted_and_capped(gw):
     assert headers["header:" + "y" * 64][0] == 1 and ("header:" + "y" * 65) not in headers
     assert len(headers) == 33 and headers["header:other"][0] == others
     assert stats.slices["script:latin"][0] >= len(tenants)
+
+
+def embed_requests(gw, first: int, count: int, ramp_env=None) -> None:
+    """`count` embed requests of 8 distinct texts each; stops early once a ramp has ended."""
+    for i in range(first, first + count):
+        texts = [f"report {i} item {j}: the match went to extra time" for j in range(8)]
+        response = gw.client.post("/v1/predict", json={"inputs": texts, "task": "embed"})
+        assert response.status_code == 200, response.text
+        if ramp_env is not None and ramp_env.ramps.get().status != "running":
+            return
+
+
+def recall_since(gw, before, pairs: int):
+    """(embed pairs compared in the reservoir since `before`, their recall@10), once at least
+    `pairs` of them reached Redis."""
+    stats = wait_for(lambda: (s := shadow_stats(gw)).recall_queries - before.recall_queries
+                     >= pairs and s, 30, f"{pairs} embed pairs compared in the reservoir")
+    queries = stats.recall_queries - before.recall_queries
+    return stats, queries, (stats.recall_hits - before.recall_hits) / (10 * queries)
+
+
+def status_recall(gw, monkeypatch) -> float:
+    """The online recall@10 `rollout status` shows (its shadow section's line)."""
+    monkeypatch.setenv("REDIS_URL", gw.redis.url)
+    monkeypatch.setenv("CANARY_APP_NAME", gw.settings.app_name)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["status"], stdout=out, stderr=err) == 0, err.getvalue()
+    line = next(line for line in out.getvalue().splitlines()
+                if line.startswith("  recall@10 "))
+    return float(line.split()[1].rstrip("%")) / 100
+
+
+def test_a_canary_whose_vectors_drift_loses_recall_and_is_rolled_back(gw, ramp_env,
+                                                                       monkeypatch):
+    gw.redeploy({}, shadow_share=1.0)
+    before = shadow_stats(gw)
+    embed_requests(gw, 0, 12)
+    healthy, _, recall = recall_since(gw, before, 80)
+    assert recall >= 0.9, recall  # the same weights on both arms keep their neighbours
+    shown = status_recall(gw, monkeypatch)
+
+    gw.redeploy({"optimized": {"fault_perturb_embeddings": 1.0}}, shadow_share=1.0)
+    plan = parse_plan({"window_s": 30, "gates": {
+        "min_samples": 3, "min_recall_at_10": 0.95, "min_agreement_pairs": 50},
+        "steps": [{"percent": 50, "min_duration_s": 600, "min_samples": 3}, {"percent": 100}]})
+    ramp_env.start(plan, actor="test", reason="drifting vectors")
+    wait_for(lambda: gw.served_state()["effective_percent"] == 50, 30, "the 50 % step")
+    embed_requests(gw, 100, 150, ramp_env)
+    ramp = wait_for(lambda: (r := ramp_env.ramps.get()).status != "running" and r, 30,
+                    "the rollback")
+    assert ramp.status == "aborted" and "min_recall_at_10" in ramp.reason, ramp.reason
+    after, queries, drifted = recall_since(gw, healthy, 50)
+    assert drifted < 0.8 and after.recall_at_10 < healthy.recall_at_10, (drifted, queries)
+    assert after.cosine_mean > 0.5  # still close vectors: the cosine alone looks harmless
+    now = status_recall(gw, monkeypatch)
+    assert now < shown - 0.2, (shown, now)  # the window's figure falls
+    assert ramp_env.states.get().canary_bp == 0
+    print(f"\nrecall@10 healthy {recall:.3f}, drifting {drifted:.3f} over {queries} pairs; "
+          f"rollout status: {shown:.4f} -> {now:.4f}")

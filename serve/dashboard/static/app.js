@@ -125,8 +125,10 @@ function renderAgreement(a) {
   body.replaceChildren();
   const minutes = a ? Math.round(a.seconds / 60) : 0;
   if (a && !a.pairs && a.cosine_n) {
+    const recall = a.recall_queries ? `, recall@10 of neighbours ${pct(a.recall_at_10)} ` +
+      `over ${a.recall_queries} pairs` : "";
     body.textContent = `embeddings: cosine mean ${num(a.cosine_mean, 6)}, p1 ≥ ${num(a.cosine_p1, 6)} ` +
-      `over ${a.cosine_n} inputs, last ${minutes} min (shed ${a.shed}, errors ${a.errors})`;
+      `over ${a.cosine_n} inputs${recall}, last ${minutes} min (shed ${a.shed}, errors ${a.errors})`;
     return;
   }
   if (!a || !a.pairs) {
@@ -189,6 +191,7 @@ const GATE_HINTS = {
   confident_flip_rate: "flips / pairs at baseline margin ≥ min_margin over the step",
   realized_speedup: "baseline ÷ optimized CPU seconds per input over the window, judged on its 99.9 % interval",
   worst_slice_agreement: "the worst slice's lower end of an anytime-valid confidence sequence (alpha split across slices) over the step",
+  min_recall_at_10: "embeddings: share of the baseline's top-10 neighbours in the shadow's reservoir the canary also finds, lower end of an anytime-valid 95 % confidence sequence over the step",
 };
 
 function renderRamp(r) {
