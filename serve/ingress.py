@@ -52,7 +52,7 @@ from starlette.middleware import Middleware
 from rollout.settings import AdmissionSettings, ServingSettings
 from serve.admission import TIMEOUT_HEADER, requested_timeout_s
 from serve.errors import Overloaded, error_response
-from serve.protocols import predicts
+from serve.protocols import predicts, shed_response
 from serve.schemas import max_body_bytes, request_id_from
 
 Scope = MutableMapping[str, Any]
@@ -221,8 +221,9 @@ class BodyGate:
                     refusal: Refusal, *, close: bool) -> None:
         sent = [v for n, v in scope.get("headers") or [] if n == b"x-request-id"]
         request_id = sent[0].decode("latin-1") if sent else uuid.uuid4().hex
-        response = error_response(503, Overloaded.type, refusal.message, request_id,
-                                  retry_after=refusal.retry_after)
+        response = shed_response(scope.get("path"), refusal.message, request_id,
+                                 refusal.retry_after) or error_response(
+            503, Overloaded.type, refusal.message, request_id, retry_after=refusal.retry_after)
         if close:  # its body was not read: the connection cannot carry another request
             response.headers["Connection"] = "close"
         await response(scope, receive, send)

@@ -9,8 +9,11 @@ gateway's one request and answered in its own shape (serve.protocols.door).
 - `endpoints.py`: their routes, mixed into the gateway deployment.
 
 `predicts(path)` says which paths are predictions, for serve.ingress (which takes their
-in-flight slot and sheds them at the door); it imports nothing.
+in-flight slot and sheds them at the door), and `shed_response` what a request shed there is
+answered in its protocol's shape; neither imports the doors.
 """
+
+from starlette.responses import JSONResponse
 
 PREDICTION_PATHS = frozenset({"/v1/predict", "/v1/embeddings", "/embed", "/predict"})
 
@@ -20,3 +23,20 @@ def predicts(path: str | None) -> bool:
     if path in PREDICTION_PATHS:
         return True
     return path is not None and path.startswith("/v2/models/") and path.endswith("/infer")
+
+
+def shed_response(path: str | None, message: str, request_id: str,
+                  retry_after: int) -> JSONResponse | None:
+    """The 503 (with `Retry-After`) for a request serve.ingress sheds before the gateway sees
+    it, in the shape of its door (the doors' own `error`); None for the native route."""
+    if path == "/v1/embeddings":
+        body: dict = {"error": {"message": message, "type": "server_error", "param": None,
+                                "code": "overloaded"}}
+    elif path in ("/embed", "/predict"):
+        body = {"error": message, "error_type": "Overloaded"}
+    elif predicts(path) and path != "/v1/predict":
+        body = {"error": message}
+    else:
+        return None
+    return JSONResponse(body, status_code=503, headers={
+        "X-Request-ID": request_id, "Retry-After": str(retry_after)})
