@@ -169,6 +169,7 @@ class StateWatcher:
                         "baseline until a revision above %d", highest, state.revision, highest)
         self._distrust = (f"the store is at revision {state.revision}, behind revision "
                           f"{highest} routed by before: all baseline until a change above it")
+        self._beat_at = None  # report at once: writers number their next change above it
 
     def _failed(self, exc: BaseException) -> None:
         kind = error_kind(exc)

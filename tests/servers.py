@@ -16,7 +16,10 @@ from serve.ray_env import free_port
 
 ACL_FILE = Path(__file__).resolve().parents[1] / "ops" / "redis-users.acl"
 ACL_PASSWORDS = {"operator": "change-me-operator", "gateway": "change-me-gateway",
-                 "controller": "change-me-controller"}
+                 "controller": "change-me-controller", "admin": "admin-for-fault-tests"}
+# the tests' own user beside ops/redis-users.acl's: every command, for injecting faults
+# (CONFIG SET, REPLICAOF, CLIENT PAUSE, SCRIPT KILL) that no production user may send
+ADMIN_ACL = f"user admin on >{ACL_PASSWORDS['admin']} ~* &* +@all\n"
 
 
 class RedisServer:
@@ -62,6 +65,8 @@ class RedisServer:
         args = [
             self.binary, "--bind", "127.0.0.1",
             "--dir", str(self.dir), "--save", "", "--appendonly", "no",
+            # the fault tests move `dir` to fail a snapshot (MISCONF)
+            "--enable-protected-configs", "yes",
         ]
         if self.tls:
             args += [
@@ -76,7 +81,7 @@ class RedisServer:
             args += ["--requirepass", self.password]
         if self.acl:
             acl = self.dir / "users.acl"
-            shutil.copy(ACL_FILE, acl)
+            acl.write_text(ACL_FILE.read_text().rstrip("\n") + "\n" + ADMIN_ACL)
             args += ["--aclfile", str(acl)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
@@ -109,6 +114,11 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, decode_responses=True)
+
+    def admin(self) -> redis.Redis:
+        """A client allowed every command (the default user, or `admin` under ACLs)."""
+        url = self.url_for("admin") if self.acl else self.url
+        return redis.Redis.from_url(url, decode_responses=True)
 
     def cleanup(self) -> None:
         self.stop()
