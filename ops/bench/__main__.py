@@ -5,6 +5,7 @@ gateway end to end per arm and concurrency, side by side in one run.
     python -m ops.bench --seconds 3 --set max_batch_size=32 --out bench-results
     python -m ops.bench --url http://127.0.0.1:8000 --yes   # a running gateway (loopback only)
     python -m ops.bench --plain --inputs-per-request 1,8  # against plain Ray Serve, 2 sizes
+    python -m ops.bench --protocol native,openai,oip --inputs-per-request 8  # the front doors
 
 Without `--url` it starts the application itself on a local Ray Serve (the settings of the
 environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis unless
@@ -17,6 +18,9 @@ this process, with the same settings, texts and machine.
 `@serve.batch`, fp32, all cores) beside the local app, in the same Ray instance, with the same
 load generator, cell by cell (the plain deployment, then each arm), and prints gateway ÷ plain
 per request size, concurrency and arm, with each side's refused share (ops.bench.anchor).
+
+`--protocol` also measures the front doors (serve.protocols) on the baseline arm, cell by cell,
+and prints each one's texts/s against the native route's (ops.bench.front_doors).
 
 Writes bench.json, bench.md and bench.png into `--out`, prints the markdown table and names
 the bottleneck stage. Exit codes: 0 done, 1 some requests failed (see `failed`), 2 bad input or
@@ -35,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.bench import endtoend, pipeline, report, target
+from ops.bench import endtoend, front_doors, pipeline, report, target
 from ops.bench.endtoend import BenchError
 from ops.cli.types import key_value, positive_ints
 from ops.load.processes import rss_mib
@@ -83,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
                    help="also measure a plain Ray Serve deployment of the same model, in the "
                    "same run with the same load generator, and print gateway ÷ plain per cell "
                    "(local app only)")
+    p.add_argument("--protocol", help="front doors to measure on baseline, comma-separated: "
+                   f"{', '.join(front_doors.PROTOCOLS)} (with their variants: openai-base64, "
+                   "oip-binary); each cell's figures beside the native route's")
     p.add_argument("--out", default="bench-results", help="folder for bench.json/.md/.png")
     p.add_argument("--no-chart", action="store_true", help="no PNG (matplotlib not needed)")
     p.add_argument("--render", metavar="JSON", help="measure nothing: write bench.md and "
@@ -104,6 +111,12 @@ def _checked(args, p: argparse.ArgumentParser) -> None:
         p.error("--url changes that gateway's rollout state (restored afterwards): pass --yes")
     if args.plain and (args.url or args.no_gateway):
         p.error("--plain deploys beside the local app: drop --url and --no-gateway")
+    if args.protocol is not None:
+        args.protocol = [x.strip() for x in args.protocol.split(",") if x.strip()]
+        if not args.protocol or set(args.protocol) - set(front_doors.PROTOCOLS) \
+                or args.no_gateway:
+            p.error(f"--protocol: a comma list of {', '.join(front_doors.PROTOCOLS)}, "
+                    "without --no-gateway")
 
 
 def _settings(args):
@@ -196,6 +209,8 @@ def run(args, say) -> dict:
         result["gateway"], result["memory"]["serve"] = measured.arms, measured.memory
         if args.plain:
             result["plain"] = measured.plain
+        if args.protocol:
+            result["protocols"] = measured.protocols
     result["summary"] = report.derive(result, p99_bound_ms=args.p99_bound_ms)
     return result
 
@@ -207,6 +222,7 @@ class Measured:
 
     arms: dict[str, list[dict]]
     plain: list[dict] = field(default_factory=list)
+    protocols: list[dict] = field(default_factory=list)  # --protocol: ops.bench.front_doors
     memory: dict[str, float] = field(default_factory=dict)
 
 
@@ -250,19 +266,30 @@ def _levels(args, settings, url, texts, say, app=None, plain_url=None) -> Measur
             for name in (app, target.PLAIN) if plain_url else (app,):
                 for process, mib in target.process_memory(name).items():
                     measured.memory[process] = max(mib, measured.memory.get(process, 0.0))
+        if args.protocol:
+            measured.protocols = _front_doors(args, switch, url, texts, say, app)
     finally:
         switch.restore()
     return measured
 
 
+def _front_doors(args, switch, url: str, texts: list[str], say, app: str | None) -> list[dict]:
+    """`--protocol`: every door asked for, on baseline, in each cell (ops.bench.front_doors)."""
+    switch.force("baseline")
+    named = front_doors.doors(args.protocol, front_doors.served_model(url))
+    cells = [(size, c) for size in args.inputs_per_request for c in args.concurrency]
+    return front_doors.measure(
+        cells, named, lambda c, size, door: _cell(args, url, texts, c, size, app, door), say)
+
+
 def _cell(args, url: str, texts: list[str], concurrency: int, size: int,
-          app: str | None) -> dict:
+          app: str | None, door: endtoend.Door | None = None) -> dict:
     """One level on `url`, with the CPU per answered request of `app`'s replicas and of this
     process (the load generator)."""
     used, began = target.replica_cpu_s(app), time.monotonic()
     client = time.process_time()
     level = endtoend.load(url, texts, concurrency, seconds=args.seconds, warmup=args.warmup,
-                          per_request=size, task=args.task, timeout=args.timeout)
+                          per_request=size, task=args.task, timeout=args.timeout, door=door)
     spent, elapsed = target.replica_cpu_s(app), time.monotonic() - began
     # CPU per second of load (warm-up included) / requests per second measured
     level["cpu_ms_per_request"] = {
@@ -314,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render:
         report.write_json(result, out / "bench.json")
     table = report.markdown(result)
+    if result.get("protocols"):
+        table += "\n## Front doors (baseline)\n\n" + front_doors.table(result["protocols"])
     (out / "bench.md").write_text(table)
     if not args.no_chart and (result.get("gateway") or result.get("plain")):
         report.chart(result, out / "bench.png")

@@ -26,6 +26,8 @@ import asyncio
 import json
 import statistics
 from collections import Counter
+from collections.abc import Callable
+from typing import NamedTuple
 
 import httpx
 
@@ -33,6 +35,13 @@ from ops.load import Sender, Shot, closed_loop, drain, parse_server_timing
 from rollout.agreement import percentile
 
 STAGES = ("preprocess", "queue", "model", "postprocess", "gateway", "total")
+
+
+class Door(NamedTuple):
+    """A front door to load: its route, and the request body for some texts."""
+
+    path: str
+    body: Callable[[list[str]], dict]
 
 
 class BenchError(Exception):
@@ -51,8 +60,9 @@ def check_reachable(url: str, timeout: float = 5.0) -> None:
 
 
 async def _level(url: str, texts: list[str], concurrency: int, seconds: float, warmup: float,
-                 per_request: int, task: str, timeout: float) -> dict:
+                 per_request: int, task: str, timeout: float, door: Door | None) -> dict:
     sender = Sender(url, timeout_s=timeout, connections=concurrency,
+                    path=door.path if door else "/v1/predict",
                     capture=("retry-after", "server-timing", "x-canary-arm"))
     bodies = {}
 
@@ -60,7 +70,8 @@ async def _level(url: str, texts: list[str], concurrency: int, seconds: float, w
         start = n % len(texts)
         if start not in bodies:
             inputs = [texts[(start + k) % len(texts)] for k in range(per_request)]
-            bodies[start] = json.dumps({"inputs": inputs, "task": task}).encode()
+            asked = door.body(inputs) if door else {"inputs": inputs, "task": task}
+            bodies[start] = json.dumps(asked).encode()
         return bodies[start]
 
     shots: list[Shot] = []
@@ -114,7 +125,9 @@ def summarize(samples, failures: Counter, *, concurrency: int, window: float,
 
 
 def load(url: str, texts: list[str], concurrency: int, *, seconds: float, warmup: float = 1.0,
-         per_request: int = 1, task: str = "classify", timeout: float = 30.0) -> dict:
-    """One concurrency level (see the module docstring)."""
+         per_request: int = 1, task: str = "classify", timeout: float = 30.0,
+         door: Door | None = None) -> dict:
+    """One concurrency level (see the module docstring); `door`: another route and body
+    than the native `POST /v1/predict` (`--protocol`: ops.bench.front_doors)."""
     return asyncio.run(_level(url, texts, concurrency, seconds, warmup, per_request, task,
-                              timeout))
+                              timeout, door))

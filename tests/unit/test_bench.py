@@ -185,3 +185,59 @@ def test_a_shed_level_waits_its_retry_after_and_counts_the_refusals():
         stop()
     # each worker was refused once and waited the Retry-After to the end of the run
     assert level["sent"] == 3 and level["failed"] == {"503": 3} and level["ok"] == 0
+
+
+def test_front_doors_bodies_and_the_cost_table():
+    from ops.bench import front_doors
+
+    named = front_doors.doors(["native", "openai", "oip"], "m")
+    assert list(named) == ["native", "openai", "openai-base64", "oip", "oip-binary"]
+    assert named["openai-base64"].body(["a"]) == {"input": ["a"], "model": "m",
+                                                  "encoding_format": "base64"}
+    assert named["oip-binary"].path == "/v2/models/m/infer"
+    assert named["oip-binary"].body(["a", "b"])["inputs"][0]["shape"] == [2]
+    assert named["oip-binary"].body(["a"])["parameters"] == {"binary_data_output": True}
+    levels = iter([{"inputs_per_s": x, "p50_ms": 1.0, "p99_ms": 2.0, "failed": {}, "sent": 5}
+                   for x in (100.0, 96.0, 98.0, 10.0, 104.0, 90.0)])  # in turn, rotating
+    rows = front_doors.measure([(8, 8)], {k: named[k] for k in ("native", "openai")},
+                               lambda c, size, door: next(levels), lambda line: None)
+    assert [(r["door"], r["texts_per_s"], r["rounds"]) for r in rows] == [
+        ("native", 100.0, [100.0, 10.0, 104.0]), ("openai", 96.0, [96.0, 98.0, 90.0])]
+    table = front_doors.table(rows)  # medians: one disturbed round does not move them
+    assert "| openai | 8 | 8 | 96 (96, 98, 90) | 0.960 |" in table
+
+
+def test_a_level_through_another_door_posts_its_route_and_body():
+    import socketserver
+
+    seen: list[bytes] = []
+
+    class Recorder(socketserver.StreamRequestHandler):
+        def handle(self):
+            while line := self.rfile.readline():
+                seen.append(line)
+                if line.lower().startswith(b"content-length:"):
+                    while (rest := self.rfile.readline()) not in (b"\r\n", b""):
+                        seen.append(rest)  # X-Routing-Key, the end of the head
+                    seen.append(self.rfile.read(int(line.split(b":")[1])))
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Recorder)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    door = endtoend.Door("/v1/embeddings", lambda texts: {"input": texts, "model": "m"})
+    try:
+        level = endtoend.load(f"http://127.0.0.1:{server.server_address[1]}", ["a"], 1,
+                              seconds=0.2, warmup=0.0, door=door)
+    finally:
+        server.shutdown()
+    assert level["ok"] == level["sent"] > 0
+    assert seen[0].startswith(b"POST /v1/embeddings ") and b'{"input": ["a"], "model": "m"}' in seen
+
+
+@pytest.mark.parametrize("argv", [["--protocol", "grpc"], ["--protocol", ","],
+                                  ["--protocol", "openai", "--no-gateway"]])
+def test_bad_protocol_options_exit_2(argv):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
