@@ -162,3 +162,16 @@ class ShadowFedMetrics(ScriptedMetrics):
 
     def recall(self, last_s):
         return self.shadow.recall(last_s)
+
+
+def shadow_fed_harness(gates: dict) -> tuple[Harness, ShadowFedMetrics]:
+    """A ramp on PLAN's steps with these gates, its shadow gates fed as gateways file them,
+    already past its first step and healthy (rolls back on the first failing evaluation)."""
+    h = Harness(dict(PLAN, failures_tolerated=0, gates=gates))
+    h.metrics = metrics = ShadowFedMetrics(h.clock)
+    h.controller = h.new_controller("c1")
+    h.verdict()
+    h.start()
+    assert h.tick().kind == "advance"
+    h.healthy()
+    return h, metrics

@@ -15,7 +15,7 @@ from rollout.ramp import PlanError, parse_plan
 from rollout.ramp.gates import judge_gates
 from rollout.shadow import PairOutcome, aggregate_shadow, shadow_fields
 from serve.reservoir import Reservoir
-from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, ShadowFedMetrics, stats
+from tests.ramp_harness import PLAN, ScriptedMetrics, shadow_fed_harness, stats
 
 
 def unit_rows(n: int, seed: int, dims: int = 16) -> np.ndarray:
@@ -84,14 +84,8 @@ def test_the_gate_passes_fails_and_waits_on_its_confidence_sequence():
 
 
 def test_a_ramp_with_the_gate_rolls_back_a_canary_whose_neighbours_drift():
-    h = Harness(dict(PLAN, failures_tolerated=0, gates={
-        "min_samples": 10, "min_agreement_pairs": 100, "min_recall_at_10": 0.95}))
-    h.metrics = metrics = ShadowFedMetrics(h.clock)
-    h.controller = h.new_controller("c1")
-    h.verdict()
-    h.start()
-    assert h.tick().kind == "advance"
-    h.healthy()
+    h, metrics = shadow_fed_harness({"min_samples": 10, "min_agreement_pairs": 100,
+                                     "min_recall_at_10": 0.95})
     for _ in range(20):
         metrics.file(h.clock.time(), [PairOutcome(cosine=0.97, neighbours=7)] * 20)
         h.clock.advance(1)

@@ -12,7 +12,14 @@ from rollout.agreement import CS_ALPHA, agreement_cs
 from rollout.ramp import PlanError, parse_plan
 from rollout.ramp.gates import MAX_JUDGED_SLICES, judge_gates
 from rollout.shadow import PairOutcome
-from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, ShadowFedMetrics, stats
+from tests.ramp_harness import (
+    PLAN,
+    Harness,
+    ScriptedMetrics,
+    ShadowFedMetrics,
+    shadow_fed_harness,
+    stats,
+)
 
 ALPHA = CS_ALPHA / MAX_JUDGED_SLICES
 
@@ -81,15 +88,8 @@ def test_the_error_rate_is_split_across_the_slices():
 
 
 def fed_harness(**gates) -> tuple[Harness, ShadowFedMetrics]:
-    h = Harness(dict(PLAN, failures_tolerated=0, gates={
-        "min_samples": 10, "min_agreement_pairs": 100, "min_slice_pairs": 50, **gates}))
-    h.metrics = metrics = ShadowFedMetrics(h.clock)
-    h.controller = h.new_controller("c1")
-    h.verdict()
-    h.start()
-    assert h.tick().kind == "advance"
-    h.healthy()
-    return h, metrics
+    return shadow_fed_harness({"min_samples": 10, "min_agreement_pairs": 100,
+                               "min_slice_pairs": 50, **gates})
 
 
 def file_broken_han(h: Harness, metrics: ShadowFedMetrics) -> None:

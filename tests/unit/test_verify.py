@@ -203,20 +203,26 @@ def flip_one_script(env, script: str) -> None:
     flip_inputs(env, lambda text: script_of(text) == script)
 
 
+def verify_latin_and_han(env, tmp_path, han: list[str], **thresholds):
+    """verify --json of fp32 without speed on 1,500 Latin inputs and the `han` ones, with
+    these CANARY_VERIFY_* thresholds: (exit code, document, stderr, store)."""
+    path = tmp_path / "mixed.jsonl"
+    rows = [f"The match report number {i} from the stadium" for i in range(1500)] + han
+    path.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
+    for name, value in thresholds.items():
+        env.setenv(f"CANARY_VERIFY_{name}", value)
+    code, out, err, store = verify("--set", str(path), "--recipe", "fp32", "--no-speed",
+                                   "--json", "--quiet")
+    return code, json.loads(out), err, store
+
+
 def test_a_variant_that_breaks_one_script_fails_on_its_slice_alone(env, tmp_path):
     """1,500 Latin inputs agree, all 30 Han inputs flip: 98.04 % overall passes the overall
     thresholds, the worst slice (script:han, 0 %) fails the verdict."""
-    path = tmp_path / "mixed.jsonl"
-    rows = [{"text": f"The match report number {i} from the stadium"} for i in range(1500)]
-    rows += [{"text": f"比赛报告第{i}号来自体育场"} for i in range(30)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    for name, value in {"MAX_CONFIDENT_FLIPS": "1000", "MIN_LOWER_BOUND": "0.97",
-                        "MIN_COSINE_P1": "-1"}.items():
-        env.setenv(f"CANARY_VERIFY_{name}", value)
     flip_one_script(env, "han")
-    code, out, err, store = verify("--set", str(path), "--recipe", "fp32", "--no-speed",
-                                   "--json", "--quiet")
-    doc = json.loads(out)
+    code, doc, err, store = verify_latin_and_han(
+        env, tmp_path, [f"比赛报告第{i}号来自体育场" for i in range(30)],
+        MAX_CONFIDENT_FLIPS="1000", MIN_LOWER_BOUND="0.97", MIN_COSINE_P1="-1")
 
     assert code == 1, err
     assert doc["split"] == "external" and doc["n"] == 1530
@@ -289,18 +295,11 @@ def test_a_variant_that_swaps_one_slices_neighbours_fails_on_retrieval(env, tmp_
     """1,500 Latin inputs keep their vectors; the 60 Han inputs swap theirs among themselves.
     Overall recall@10 stays above 0.95 (the Latin queries are most), the script:han slice's
     falls far below it, and the gate fails the verdict on that slice, recording the figures."""
-    path = tmp_path / "mixed.jsonl"
-    rows = [{"text": f"The match report number {i} from the stadium"} for i in range(1500)]
-    rows += [{"text": f"比赛报告第{i}号来自体育场的消息"} for i in range(60)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    for name, value in {"MAX_CONFIDENT_FLIPS": "1000", "MIN_LOWER_BOUND": "0", "MIN_AGREEMENT": "0",
-                        "MIN_COSINE_P1": "-1", "MIN_SLICE_AGREEMENT": "0",
-                        "MIN_SLICE_SIZE": "10"}.items():
-        env.setenv(f"CANARY_VERIFY_{name}", value)
     swap_one_script(env, "han")
-    code, out, err, store = verify("--set", str(path), "--recipe", "fp32", "--no-speed",
-                                   "--json", "--quiet")
-    doc = json.loads(out)
+    code, doc, err, store = verify_latin_and_han(
+        env, tmp_path, [f"比赛报告第{i}号来自体育场的消息" for i in range(60)],
+        MAX_CONFIDENT_FLIPS="1000", MIN_LOWER_BOUND="0", MIN_AGREEMENT="0", MIN_COSINE_P1="-1",
+        MIN_SLICE_AGREEMENT="0", MIN_SLICE_SIZE="10")
     retrieval = doc["retrieval"]
 
     assert code == 1, err
