@@ -211,6 +211,8 @@ def run(args, say) -> dict:
             result["plain"] = measured.plain
         if args.protocol:
             result["protocols"] = measured.protocols
+            result["protocols_codec"] = front_doors.codec_us(
+                front_doors.doors(args.protocol, "m"), args.inputs_per_request[0])
     result["summary"] = report.derive(result, p99_bound_ms=args.p99_bound_ms)
     return result
 
@@ -343,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     table = report.markdown(result)
     if result.get("protocols"):
         table += "\n## Front doors (baseline)\n\n" + front_doors.table(result["protocols"])
+        table += "\n" + front_doors.codec_table(result.get("protocols_codec") or {})
     (out / "bench.md").write_text(table)
     if not args.no_chart and (result.get("gateway") or result.get("plain")):
         report.chart(result, out / "bench.png")

@@ -93,3 +93,55 @@ def table(rows: list[dict]) -> str:
                      f"{r['texts_per_s']:g} ({rounds}) | {ratio} | {r['p50_ms']:.1f} | "
                      f"{r['p99_ms']:.1f} | {r['failed']} / {r['sent']} |")
     return "\n".join(lines) + "\n"
+
+
+def codec_us(named: dict[str, Door], size: int, width: int = 384, repeat: int = 300
+             ) -> dict[str, dict[str, float]]:
+    """Per door, the CPU microseconds (process time, so the machine's other load does not
+    count) its parse of a request of `size` texts and its encoding of the answer (unit vectors
+    of `width` floats, into the bytes sent) take in this process: the door's own share of a
+    request, apart from everything the doors have in common."""
+    import json
+    import time
+
+    import numpy as np
+    from starlette.requests import Request
+
+    from rollout.settings import AdmissionSettings
+    from serve.protocols.door import FrontDoor, Served
+    from serve.protocols.oip import OipDoor
+    from serve.protocols.openai_api import OpenAIDoor
+
+    served = Served(name="m", width=width, labels=("a", "b"), tasks=frozenset({"embed"}),
+                    default_task="embed", max_tokens=256, version="fp32-x")
+    limits = AdmissionSettings(_env_file=None, max_items=max(size, 1))
+    kinds = {"native": FrontDoor, "openai": OpenAIDoor, "oip": OipDoor}
+    by_door = {name: kinds[name.split("-")[0]](served, limits) for name in named}
+    vectors = np.random.default_rng(0).standard_normal((size, width)).astype(np.float32)
+    answer = {"outputs": [{"embedding": (v / np.linalg.norm(v)).tolist()} for v in vectors],
+              "model_version": "fp32-x", "arm": "baseline"}
+    texts = [f"a text of some words, number {i}" for i in range(size)]
+    out = {}
+    for name, door in named.items():
+        impl = by_door[name]
+        body = json.dumps(door.body(texts)).encode()
+        request = Request({"type": "http", "headers": [], "path_params": {"name": "m"}})
+        start = time.process_time()
+        for _ in range(repeat):
+            parsed = impl.parse(body, request)
+        parse = time.process_time() - start
+        start = time.process_time()
+        for _ in range(repeat):
+            impl.answer(answer, 10, parsed)
+        out[name] = {"parse_us": round(parse / repeat * 1e6, 1),
+                     "answer_us": round((time.process_time() - start) / repeat * 1e6, 1),
+                     "answer_bytes": len(impl.answer(answer, 10, parsed).body)}
+    return out
+
+
+def codec_table(codec: dict[str, dict[str, float]]) -> str:
+    """`codec_us` as a table: each door's own CPU per request and the answer's size."""
+    lines = ["| door | parse µs | answer µs | answer bytes |", "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {c['parse_us']:g} | {c['answer_us']:g} | {c['answer_bytes']} |"
+              for name, c in codec.items()]
+    return "\n".join(lines) + "\n"

@@ -51,12 +51,20 @@ class Served:
     """The served model as the protocols describe it."""
 
     name: str
-    width: int  # the embedding's width (the encoder's hidden size)
+    width: int  # the embedding's width (the encoder's hidden size); -1: unknown here
     labels: tuple[str, ...]
     tasks: frozenset[str]
     default_task: str
     max_tokens: int
     version: str  # the baseline arm's model version
+
+    def check_width(self, dimensions: int | None, status: int = 400) -> None:
+        """BadRequest naming `dimensions` unless it is None or the model's own width."""
+        if dimensions is None or dimensions == self.width:
+            return
+        has = f"have {self.width}" if self.width > 0 else "have a width this gateway cannot see"
+        raise BadRequest(f"dimensions: this model's embeddings {has}, not {dimensions} "
+                         f"(leave it out)", param="dimensions", status=status)
 
     def check(self, name: str) -> None:
         """ModelNotFound (404) unless `name` is the served model's."""
@@ -77,9 +85,13 @@ def served_name(settings: ModelSettings, folder: Path) -> str:
 
 def served_model(settings: ModelSettings, folder: Path, info: dict, tasks: set[str]) -> Served:
     """The served model, from the settings, the baseline folder's config.json and the
-    baseline replica's `info()`."""
-    config = json.loads((folder / "config.json").read_text())
-    return Served(name=served_name(settings, folder), width=int(config.get("hidden_size", 0)),
+    baseline replica's `info()`. A gateway on a node without the folder serves all the same,
+    its width unknown (-1)."""
+    try:
+        width = int(json.loads((folder / "config.json").read_text())["hidden_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        width = -1
+    return Served(name=served_name(settings, folder), width=width,
                   labels=tuple(info["labels"]), tasks=frozenset(tasks),
                   default_task=settings.default_task, max_tokens=settings.max_tokens,
                   version=info["version"])

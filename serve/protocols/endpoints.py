@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -60,7 +61,11 @@ class Doors:
     def build(cls, models: ModelSettings, limits: AdmissionSettings, info: dict,
               tasks: set[str]) -> Doors:
         """The doors for the baseline replica's `info()` and the tasks both arms serve."""
-        served: Served = served_model(models, model_dir(models), info, tasks)
+        try:
+            folder = model_dir(models)
+        except FileNotFoundError:  # not on this node: the name from the setting, no width
+            folder = Path(models.baseline_model_path or models.model_path or "model")
+        served: Served = served_model(models, folder, info, tasks)
         return cls(*(door(served, limits) for door in (
             FrontDoor, OpenAIDoor, OipDoor, TeiEmbedDoor, TeiPredictDoor)))
 

@@ -117,9 +117,7 @@ class OpenAIDoor(FrontDoor):
         if "embed" not in self.served.tasks:
             raise BadRequest(f"the model {self.served.name!r} does not embed (it has a "
                              f"classification head)", param="model")
-        if asked.dimensions is not None and asked.dimensions != self.served.width:
-            raise BadRequest(f"dimensions: this model's embeddings have {self.served.width} "
-                             f"dimensions, not {asked.dimensions}", param="dimensions")
+        self.served.check_width(asked.dimensions)
         texts = _texts(asked.input)
         try:
             check_inputs(texts, self.limits, name="input")

@@ -143,9 +143,7 @@ class TeiEmbedDoor(TeiDoor):
         if not asked.normalize:
             raise BadRequest("normalize: this gateway's vectors are always L2-normalised",
                              status=422)
-        if asked.dimensions is not None and asked.dimensions != self.served.width:
-            raise BadRequest(f"dimensions: this model's embeddings have {self.served.width} "
-                             f"dimensions, not {asked.dimensions}", status=422)
+        self.served.check_width(asked.dimensions, status=422)
         return Parsed(_texts(asked.inputs, self.limits), "embed")
 
     def answer(self, body: dict, tokens: int, parsed: Parsed) -> Response:

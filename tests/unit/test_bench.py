@@ -207,6 +207,19 @@ def test_front_doors_bodies_and_the_cost_table():
     assert "| openai | 8 | 8 | 96 (96, 98, 90) | 0.960 |" in table
 
 
+def test_each_doors_own_cpu_is_measured_on_the_real_doors():
+    from ops.bench import front_doors
+
+    named = front_doors.doors(["native", "openai", "oip"], "m")
+    codec = front_doors.codec_us(named, 2, width=8, repeat=3)
+    assert set(codec) == set(named)
+    assert all(c["parse_us"] > 0 and c["answer_us"] > 0 for c in codec.values())
+    # the raw encodings are smaller than JSON floats
+    assert codec["openai-base64"]["answer_bytes"] < codec["openai"]["answer_bytes"]
+    assert codec["oip-binary"]["answer_bytes"] < codec["oip"]["answer_bytes"]
+    assert "| oip-binary |" in front_doors.codec_table(codec)
+
+
 def test_a_level_through_another_door_posts_its_route_and_body():
     import socketserver
 

@@ -67,3 +67,23 @@ def test_the_served_name_defaults_to_the_baseline_folders(tmp_path: Path):
     assert served_name(ModelSettings(model_path=str(folder)), folder) == "my-encoder"
     named = ModelSettings(model_path=str(folder), served_model_name="prod-embed")
     assert served_name(named, folder) == "prod-embed"
+
+
+def test_a_gateway_without_the_model_folder_serves_with_an_unknown_width(tmp_path: Path):
+    from serve.protocols.door import served_model
+
+    info = {"labels": ["a", "b"], "version": "fp32-x"}
+    settings = ModelSettings(model_path=str(tmp_path / "elsewhere"))
+    served = served_model(settings, tmp_path / "elsewhere", info, {"embed", "classify"})
+    assert served.name == "elsewhere" and served.width == -1
+    served.check_width(None)
+    with pytest.raises(BadRequest) as refused:
+        served.check_width(384, status=422)
+    assert refused.value.status == 422 and refused.value.param == "dimensions"
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "config.json").write_text('{"hidden_size": 32}')
+    known = served_model(ModelSettings(model_path=str(tmp_path / "here")), tmp_path / "here",
+                         info, {"classify"})
+    known.check_width(32)
+    with pytest.raises(BadRequest, match="have 32, not 7"):
+        known.check_width(7)
