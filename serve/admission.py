@@ -310,6 +310,11 @@ class Admission:
         self.shed += 1
         return Refusal(predicted, timeout_s)
 
+    def late(self, arm: str, rows: int, timeout_s: float) -> bool:
+        """Whether `rows` more for `arm` would be answered after `timeout_s` (not counted: the
+        gateway gives a late canary's request to the baseline instead of refusing it)."""
+        return self.queue(arm).predicted_s(rows) > timeout_s
+
     def door(self, timeout_s: float) -> int | None:
         """Before the body or the arm is known: a Retry-After when the request cannot be
         served (at the memory cap, or every arm with work would miss `timeout_s`, less what it

@@ -95,6 +95,7 @@ from serve.preprocess import Preprocessor
 from serve.protocols.door import FrontDoor, Parsed
 from serve.protocols.endpoints import Doors, ProtocolRoutes, document
 from serve.protocols.endpoints import router as protocol_router
+from serve.protocols.oip_grpc import serve_grpc
 from serve.schemas import (
     MAX_ROUTING_KEY,
     PREDICT_HEADERS,
@@ -271,6 +272,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
+        self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.protocols)
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
         observe_store_errors(self.telemetry.meter, lambda: {
             "state": dict(self.watcher.view().errors), "idempotency": self.idempotency.skipped})
@@ -479,13 +481,21 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
                         ex: _Exchange) -> tuple[ModelAnswer, bool]:
         """The arm's answer within the request's deadline, and whether it came from the
         baseline fallback; refused at once (503) when the arm would answer after the deadline
-        (serve.admission)."""
-        refusal = self.admission.judge(arm.value, len(texts), ex.deadline - time.perf_counter())
+        (serve.admission). The canary is judged against its share of the deadline (what its
+        call gets, `canary_timeout_fraction`): when it cannot answer within it, the baseline
+        answers instead (a fallback), and nothing is refused for it."""
+        left = ex.deadline - time.perf_counter()
+        rerouted = arm is Arm.OPTIMIZED and self.admission.late(
+            arm.value, len(texts), min(left, ex.timeout_s * self.settings.canary_timeout_fraction))
+        if rerouted:
+            arm = Arm.BASELINE
+        refusal = self.admission.judge(arm.value, len(texts), left)
         if refusal is not None:
             self.shed_summary.shed()
             raise Overloaded(refusal.message(arm.value), retry_after=refusal.retry_after)
         inputs = await self.preprocess.encode(texts)
-        return await self._call_with_fallback(ex, arm, inputs, task)
+        answer, fallback = await self._call_with_fallback(ex, arm, inputs, task)
+        return answer, fallback or rerouted
 
     def _respond(self, answer: ModelAnswer, fallback: bool, routing: str, task: str,
                  ex: _Exchange, parsed: Parsed) -> tuple[Response, dict]:
@@ -606,7 +616,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
         self, arm: Arm, texts: list[str], task: str, remaining: float, carrier: dict | None
     ) -> ModelAnswer:
         """One model call for one request (also the shadow's way to the other arm)."""
-        response = self.handles[arm].predict.remote(texts, task, carrier, time.time() + remaining)
+        response = self.handles[arm].predict.remote(texts, task, carrier, remaining)
         try:
             return await asyncio.wait_for(response, timeout=remaining)
         except TimeoutError:
@@ -623,7 +633,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
     ) -> ModelAnswer:
         """This request's answer from a model call it may share (serve.coalesce)."""
         try:
-            call = (texts, task, carrier, time.time() + remaining)  # the deadline goes along
+            # the deadline goes along on this clock; `_send` turns it into the time left
+            call = (texts, task, carrier, time.perf_counter() + remaining)
             return await self.coalescers[arm].call(call, remaining)
         except TimeoutError:
             raise _timed_out(arm, remaining) from None
@@ -631,6 +642,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             raise _model_error(arm, exc) from None
 
     async def _send(self, arm: Arm, calls: list[tuple]) -> list[ModelAnswer | Exception]:
+        now = time.perf_counter()  # deadlines cross processes as the seconds left
+        calls = [(*call[:3], call[3] - now) for call in calls]
         response = self.handles[arm].predict_many.remote(calls)
         try:
             return await response

@@ -44,7 +44,7 @@ class _Queued:
     encoded: Encoded
     enqueued: float
     server: ModelServer
-    deadline: float | None = None  # wall clock (time.time()); past it, nobody waits for this
+    deadline: float | None = None  # this process' time.monotonic(); past it, nobody waits
     waiting: bool = True
 
     def leave(self) -> None:
@@ -266,11 +266,15 @@ class ModelServer:
         self._batched.set_batch_wait_timeout_s(wait)
 
     async def predict(self, texts: list[str] | Encoded, task: str, trace: dict | None = None,
-                      deadline: float | None = None) -> ModelAnswer:
+                      remaining_s: float | None = None) -> ModelAnswer:
         """`texts`, or their token ids from the gateway (`Encoded`, serve.preprocess).
         `trace`: the caller's W3C trace carrier (`traceparent`), to join its trace.
-        `deadline`: the caller's deadline (wall clock, `time.time()`); a request still waiting
-        for its forward when it passes is dropped (`Expired`), not forwarded."""
+        `remaining_s`: the seconds left to the caller's deadline when it sent the call; the
+        deadline is taken on this process' monotonic clock at arrival (no wall clock crosses
+        processes, so clock skew between nodes neither expires nor extends a request). A
+        request still waiting for its forward when it passes is dropped (`Expired`), not
+        forwarded."""
+        deadline = None if remaining_s is None else time.monotonic() + remaining_s
         clock = WallClock() if trace and self.telemetry.enabled else None
         marks = Marks(time.perf_counter())
         queue_length = self.waiting
@@ -298,7 +302,7 @@ class ModelServer:
         """The request's token ids (tokenized here unless the gateway did), or `Expired` when
         its deadline already passed."""
         encoded = texts if isinstance(texts, Encoded) else self.variant.encode(texts)
-        if deadline is not None and time.time() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             self.expired += 1
             raise Expired("the deadline passed before the request reached a batch")
         return encoded
@@ -343,7 +347,7 @@ class ModelServer:
 
     async def predict_many(self, calls: list[tuple]) -> list[ModelAnswer | Exception]:
         """Requests coalesced by a gateway (serve.coalesce): each `(texts, task, trace,
-        deadline)` is answered as `predict` answers it alone, in the same queue and batches; a
+        remaining_s)` is answered as `predict` answers it alone, in the same queue and batches; a
         request's failure comes back in its place (inputs that did not fit as `RowsDidNotFit`,
         anything else as `CallFailed`), so it fails that request only."""
         answers = await asyncio.gather(*(self.predict(*call) for call in calls),
@@ -380,12 +384,15 @@ class ModelServer:
         self._forward_started = forward_start
         self._forward_estimate_s = self._s_per_token * tokens
         deadlines = [item.deadline for item in queued]
-        forward_s = self._forward_estimate_s
+        ends_at = time.monotonic() + self._forward_estimate_s  # every answer waits for the end
 
         def expired(request: int) -> bool:
             """Nobody will wait for its answer: its deadline passes before this forward
-            would end (a forward that ends after it is work thrown away)."""
-            return deadlines[request] is not None and time.time() + forward_s >= deadlines[request]
+            would end (a forward that ends after it is work thrown away). Judged before each
+            chunk against the forward's estimated end, or now once that has passed: the time
+            earlier chunks took is in it once."""
+            end = max(ends_at, time.monotonic())
+            return deadlines[request] is not None and end >= deadlines[request]
 
         try:
             rows, forward_cpu_s = await loop.run_in_executor(

@@ -195,6 +195,25 @@ def test_model_timeout_is_504(gw):
     assert time.monotonic() - started < gw.settings.request_timeout_s + 2
 
 
+def test_a_canary_that_cannot_answer_within_its_share_gives_the_request_to_baseline(gw):
+    from tests.integration.test_gateway_telemetry import delta, scrape
+
+    gw.redeploy({"optimized": {"fault_delay_ms": 400}})
+    gw.set_state(canary_bp=10_000)
+    for i in range(3):  # the optimized arm's forwards are measured: ~0.4 s each
+        assert gw.predict(["warm"], **{"X-Routing-Key": f"w-{i}"}).json()["arm"] == "optimized"
+    before = scrape(gw)
+    # a 600 ms deadline: the canary's share (0.5) is 300 ms, less than its forward takes
+    response = gw.predict(["short deadline"], **{"X-Routing-Key": "late",
+                                                 "X-Request-Timeout-Ms": "600"})
+    assert response.status_code == 200, response.text
+    assert response.json()["arm"] == "baseline" and response.json()["fallback"] is True
+    after = scrape(gw)
+    calls = "canary_model_calls_total"
+    assert delta(before, after, calls, arm="optimized", outcome="timeout") == 0  # never tried
+    assert delta(before, after, calls, arm="baseline", outcome="ok") == 1
+
+
 def test_batching_limits_change_live(gw):
     gw.redeploy({"baseline": {"max_batch_size": 1}})
     with ThreadPoolExecutor(8) as pool:

@@ -122,6 +122,15 @@ def test_a_request_is_refused_only_when_it_would_miss_its_deadline():
     assert admission.judge("optimized", 1, timeout_s=0.01) is None  # its own queue: empty
 
 
+def test_a_late_arm_is_told_apart_without_counting_a_shed():
+    admission = measured(rate=200.0, forward_s=0.05)
+    admission.queue("baseline").add(100, 0.0)  # 0.55 s until one more row is answered
+    assert admission.late("baseline", 1, timeout_s=0.5)  # e.g. a canary's share of 1 s
+    assert not admission.late("baseline", 1, timeout_s=0.6)
+    assert admission.judge("baseline", 1, timeout_s=1.0) is None  # the whole deadline: fine
+    assert admission.shed == 0
+
+
 def test_retry_after_is_the_time_until_the_work_ahead_fits_the_deadline():
     assert retry_after_s(0.55, 0.5) == 1
     assert retry_after_s(3.2, 1.0) == 3
