@@ -91,7 +91,7 @@ def eviction_warning(policy: str) -> str | None:
         return None
     return (f"Redis' maxmemory-policy is {policy}: under memory pressure it may evict the "
             "rollout state and the kill switch with it; use noeviction or a volatile-* policy "
-            "(docs/production.md#redis-memory)")
+            "(docs/production.md#redis-memory-and-error-replies)")
 
 
 def read_state(raw: str | None):
