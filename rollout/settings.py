@@ -455,6 +455,12 @@ class ServingSettings(BaseSettings):
         10.0, gt=0, le=600, description="deadline of a request's model calls, fallback "
         "included (504 after); a client may ask for a shorter one in `X-Request-Timeout-Ms`"
     )
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="the Open Inference Protocol's gRPC service "
+        "(`inference.GRPCInferenceService`, [HTTP API]"
+        "(http-api.md#open-inference-protocol-v2-grpc)) on this port of every gateway replica "
+        "(replicas on one node share it); 0: off"
+    )
     canary_timeout_fraction: float = Field(
         0.5, gt=0, le=1, description="share of that deadline the optimized model gets; the "
         "rest is kept for the retry on baseline"

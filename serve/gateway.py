@@ -96,6 +96,7 @@ from serve.protocols.door import FrontDoor, Parsed
 from serve.protocols.endpoints import Doors, ProtocolRoutes, document
 from serve.protocols.endpoints import router as protocol_router
 from serve.protocols.oip_grpc import serve_grpc
+from serve.protocols.oip_grpc import serve_grpc
 from serve.schemas import (
     MAX_ROUTING_KEY,
     PREDICT_HEADERS,
@@ -272,6 +273,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
+        self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.protocols)
         self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.protocols)
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
         observe_store_errors(self.telemetry.meter, lambda: {

@@ -125,7 +125,9 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "ramp_lease_ttl_s": 2.0, "operator_token": OPERATOR_TOKEN,
         # no shadow calls unless a test asks (redeploy(..., shadow_share=1.0)): tests that count
         # model calls or batch sizes must not see them
-        "shadow_share": 0.0, **overrides,
+        "shadow_share": 0.0,
+        "grpc_port": free_port(),  # the OIP over gRPC (serve.protocols.oip_grpc), its own port
+        **overrides,
     })
     ray_env.apply(throwaway=True)  # the production ingress (HAProxy, Serve's throughput mode)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

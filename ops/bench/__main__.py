@@ -209,12 +209,17 @@ def run(args, say) -> dict:
         result["gateway"], result["memory"]["serve"] = measured.arms, measured.memory
         if args.plain:
             result["plain"] = measured.plain
-        if args.protocol:
-            result["protocols"] = measured.protocols
-            result["protocols_codec"] = front_doors.codec_us(
-                front_doors.doors(args.protocol, "m"), args.inputs_per_request[0])
+        result.update(_door_results(args, measured))
     result["summary"] = report.derive(result, p99_bound_ms=args.p99_bound_ms)
     return result
+
+
+def _door_results(args, measured) -> dict:
+    """`--protocol`: the doors' levels, and each door's own CPU per request in process."""
+    if not args.protocol:
+        return {}
+    return {"protocols": measured.protocols, "protocols_codec": front_doors.codec_us(
+        front_doors.doors(args.protocol, "m"), args.inputs_per_request[0])}
 
 
 @dataclass

@@ -4,7 +4,8 @@ gateway's one request and answered in its own shape (serve.protocols.door).
 - `door.py`: what a door is, the native one, and the served model as the doors describe it;
 - `openai_api.py`: OpenAI's `GET /v1/models`, `POST /v1/embeddings`;
 - `oip.py`: the Open Inference Protocol v2 over REST (`/v2/...`), with `tensors.py`, its
-  binary tensor data extension;
+  binary tensor data extension; `oip_grpc.py`: the same over gRPC, with `grpc_wire.py`, its
+  messages;
 - `tei.py`: Text Embeddings Inference's `POST /embed`, `POST /predict`, `GET /info`;
 - `endpoints.py`: their routes, mixed into the gateway deployment.
 

@@ -22,6 +22,7 @@ from rollout.settings import AdmissionSettings, ModelSettings
 from serve.errors import GatewayError
 from serve.protocols.door import FrontDoor, Served, served_model
 from serve.protocols.oip import SERVER, InferRequest, InferResponse, OipDoor, OipError
+from serve.protocols.oip_grpc import OipGrpcDoor
 from serve.protocols.openai_api import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -56,6 +57,7 @@ class Doors:
     oip: OipDoor
     tei_embed: TeiEmbedDoor
     tei_predict: TeiPredictDoor
+    oip_grpc: OipGrpcDoor
 
     @classmethod
     def build(cls, models: ModelSettings, limits: AdmissionSettings, info: dict,
@@ -67,7 +69,7 @@ class Doors:
             folder = Path(models.baseline_model_path or models.model_path or "model")
         served: Served = served_model(models, folder, info, tasks)
         return cls(*(door(served, limits) for door in (
-            FrontDoor, OpenAIDoor, OipDoor, TeiEmbedDoor, TeiPredictDoor)))
+            FrontDoor, OpenAIDoor, OipDoor, TeiEmbedDoor, TeiPredictDoor, OipGrpcDoor)))
 
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:
@@ -106,7 +108,8 @@ def document(app: Any) -> None:
 class ProtocolRoutes:
     """Mixin of the gateway deployment; see the module docstring."""
 
-    async def _baseline_ready(self) -> bool:
+    async def baseline_ready(self) -> bool:
+        """Whether the baseline model answers (readiness, over REST and gRPC)."""
         try:
             await asyncio.wait_for(self.handles[Arm.BASELINE].info.remote(), timeout=2.0)
             return True
@@ -137,7 +140,7 @@ class ProtocolRoutes:
 
     @router.get("/v2/health/ready")
     async def oip_ready(self) -> JSONResponse:
-        ready = await self._baseline_ready()
+        ready = await self.baseline_ready()
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     @router.get("/v2/models/{name}", responses=_answers(dict, OipError))
@@ -153,7 +156,7 @@ class ProtocolRoutes:
             self.doors.oip.served.check(name)
         except GatewayError as exc:
             return self._refused(self.doors.oip, request, exc)
-        ready = await self._baseline_ready()
+        ready = await self.baseline_ready()
         return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
     @router.post("/v2/models/{name}/infer", openapi_extra=_body(InferRequest),

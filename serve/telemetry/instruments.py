@@ -7,7 +7,7 @@ each answer (the same numbers as `Server-Timing`), so one process, the gateway, 
 per-arm metric and its Prometheus endpoint shows all of them.
 
     canary.requests          counter    arm, status (HTTP code), outcome, protocol (the front
-                                        door: native, openai, oip, tei)
+                                        door: native, openai, oip, oip-grpc, tei)
     canary.model.calls       counter    arm, outcome (ok, error, timeout, overloaded)
     canary.retries           counter    arm (that failed and was retried on baseline)
     canary.fallbacks         counter    arm (whose request baseline then answered)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 NAME = "tiny-encoder"  # the served model's name: the test model folder's (tests.serve_app)
 TEXTS = ["The new GPU doubles inference speed", "a quiet afternoon by the lake"]
 HTTP_PROTOCOLS = ("openai", "oip", "tei")
+PROTOCOLS = (*HTTP_PROTOCOLS, "grpc")
 
 
 def _native(gw, texts, task, key):
@@ -134,7 +135,44 @@ def _send(gw, protocol: str, texts, headers=None):
                           headers=headers)
 
 
+def _stub(gw):
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}")
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def _infer_request(texts, *, model=NAME, outputs=("embedding",), raw=True, **tensor):
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model, id="g-1")
+    request.inputs.add(**{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
+                          **tensor})
+    for output in outputs:
+        request.outputs.add(name=output)
+    encoded = [t.encode() if isinstance(t, str) else t for t in texts]
+    if raw:
+        request.raw_input_contents.append(b"".join(struct.pack("<I", len(t)) + t
+                                                   for t in encoded))
+    else:
+        request.inputs[0].contents.bytes_contents.extend(encoded)
+    return request
+
+
+def _grpc_arm(gw, key: str, extra=None) -> str:
+    """The arm a ModelInfer call was answered by, from its trailing metadata."""
+    channel, stub = _stub(gw)
+    with channel:
+        metadata = (("x-routing-key", key), *((k.lower(), v) for k, v in (extra or {}).items()))
+        _, call = stub.ModelInfer.with_call(_infer_request(["route me"]), metadata=metadata,
+                                            timeout=10)
+    return dict(call.trailing_metadata())["x-canary-arm"]
+
+
 def _arm(gw, protocol: str, key: str, extra=None) -> str:
+    if protocol == "grpc":
+        return _grpc_arm(gw, key, extra)
     for _ in range(20):  # shed under load (503 + Retry-After): retried, as a client would
         response = _send(gw, protocol, ["route me"], {"X-Routing-Key": key, **(extra or {})})
         if response.status_code != 503 or "retry-after" not in response.headers:
@@ -149,7 +187,7 @@ def test_share_kill_and_header_routes_reach_every_protocol(gw):
     keys = [f"proto-{i}" for i in range(400)]
     expected = {key: decide(state, key, salt=gw.settings.routing_salt).arm.value for key in keys}
     with ThreadPoolExecutor(16) as pool:
-        for protocol in HTTP_PROTOCOLS:
+        for protocol in PROTOCOLS:
             arms = list(pool.map(lambda key, p=protocol: _arm(gw, p, key), keys))
             share = arms.count("optimized") / len(keys)
             assert 0.27 <= share <= 0.33, (protocol, share)
@@ -160,15 +198,14 @@ def test_share_kill_and_header_routes_reach_every_protocol(gw):
         _, routed = control.add_route("X-User-Group", ["qa"], "optimized", actor="test",
                                       reason="protocol routes")
         gw.wait_for_revision(routed.revision)
-        for protocol in HTTP_PROTOCOLS:
+        for protocol in PROTOCOLS:
             assert _arm(gw, protocol, "proto-route", {"X-User-Group": "qa"}) == "optimized"
-        killed = control.kill(actor="test", reason="protocols")[1]
         started = time.monotonic()
-        pending = set(HTTP_PROTOCOLS)
-        while pending and time.monotonic() - started < 1.0:
-            pending = {p for p in pending if {_arm(gw, p, k) for k in canary} != {"baseline"}}
-        assert not pending, f"{pending} still reached the canary 1 s after the kill"
-        assert gw.served_state()["state"]["revision"] >= killed.revision
+        killed = control.kill(actor="test", reason="protocols")[1]
+        gw.wait_for_revision(killed.revision, timeout=1.0)  # one cached state serves every door
+        assert time.monotonic() - started < 1.0
+        for protocol in PROTOCOLS:  # and every door answers the canary's keys from baseline
+            assert {_arm(gw, protocol, key) for key in canary} == {"baseline"}, protocol
     finally:
         state = control.state()
         for route in state.routes:
@@ -307,3 +344,76 @@ def test_malformed_tei_requests_get_tei_errors(gw, path, body):
     assert response.status_code in (413, 422), response.text
     error = response.json()
     assert set(error) == {"error", "error_type"} and error["error_type"] == "Validation"
+
+
+def test_tritonclient_grpc_matches_native_and_trails_the_arm(gw):
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{gw.settings.grpc_port}")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(NAME)
+    metadata = client.get_model_metadata(NAME)
+    assert metadata.inputs[0].name == "text" and metadata.inputs[0].datatype == "BYTES"
+    assert "embedding" in [output.name for output in metadata.outputs]
+    text = grpcclient.InferInput("text", [len(TEXTS)], "BYTES")
+    text.set_data_from_numpy(np.array(TEXTS, dtype=object))
+    result = client.infer(NAME, [text], outputs=[grpcclient.InferRequestedOutput("embedding")],
+                          headers={"x-routing-key": "gr-1"}, client_timeout=10)
+    _same_vectors(result.as_numpy("embedding").tolist(), _native(gw, TEXTS, "embed", "gr-1"))
+    labels = client.infer(NAME, [text], headers={"x-routing-key": "gr-1"}, client_timeout=10)
+    assert [x.decode() for x in labels.as_numpy("label")] == [
+        out["label"] for out in _native(gw, TEXTS, "classify", "gr-1")]
+    channel, stub = _stub(gw)
+    with channel:  # bytes_contents instead of raw; the arm and why in the trailing metadata
+        reply, call = stub.ModelInfer.with_call(_infer_request(TEXTS, raw=False), metadata=(
+            ("x-routing-key", "gr-1"), ("x-request-id", "grpc-req-1")), timeout=10)
+    trailing = dict(call.trailing_metadata())
+    assert trailing["x-canary-arm"] == "baseline" and trailing["x-canary-reason"] == "share"
+    assert trailing["x-request-id"] == "grpc-req-1" and reply.id == "g-1"
+    with pytest.raises(Exception, match="not found|NOT_FOUND"):
+        client.is_model_ready("other")
+
+
+GRPC_BAD = [
+    _infer_request(["x"], model="other"), _infer_request(["x"], outputs=("logits",)),
+    _infer_request(["x"], outputs=("embedding", "label")), _infer_request([""]),
+    _infer_request(["x"] * 9), _infer_request(["x" * 300]), _infer_request([b"\xff\xfe"]),
+    _infer_request(["x"], shape=[3]),
+    _infer_request(["x"], datatype="FP32"), _infer_request(["x"], **{"name": "input-0"}),
+]
+
+
+def _grpc_bad_extra():
+    from tritonclient.grpc import service_pb2
+
+    empty = service_pb2.ModelInferRequest(model_name=NAME)
+    two = _infer_request(["x"])
+    two.inputs.add(name="text", datatype="BYTES", shape=[1])
+    truncated = _infer_request(["x"])
+    truncated.raw_input_contents[0] = truncated.raw_input_contents[0][:-1]
+    doubled = _infer_request(["x"])
+    doubled.raw_input_contents.append(b"")
+    return [empty, two, truncated, doubled]
+
+
+@pytest.mark.parametrize("index", range(len(GRPC_BAD) + 4))
+def test_malformed_grpc_calls_get_grpc_errors(gw, index):
+    import grpc
+
+    request = (GRPC_BAD + _grpc_bad_extra())[index]
+    channel, stub = _stub(gw)
+    with channel, pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(request, timeout=10)
+    assert refused.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                    grpc.StatusCode.RESOURCE_EXHAUSTED), refused.value
+    assert refused.value.details()
+
+
+def test_a_grpc_call_that_is_not_protobuf_is_invalid(gw):
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}")
+    with channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(b"\xff\x00not protobuf", timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
