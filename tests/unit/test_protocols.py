@@ -87,3 +87,25 @@ def test_a_gateway_without_the_model_folder_serves_with_an_unknown_width(tmp_pat
     known.check_width(32)
     with pytest.raises(BadRequest, match="have 32, not 7"):
         known.check_width(7)
+
+
+def test_the_grpc_messages_are_numbered_as_the_clients_protos():
+    from tritonclient.grpc import service_pb2
+
+    from serve.protocols.grpc_wire import CLASSES
+
+    for name, ours in CLASSES.items():
+        outer = getattr(service_pb2, name, None)
+        theirs = outer.DESCRIPTOR if outer is not None else next(
+            m.DESCRIPTOR.nested_types_by_name[name] for m in (
+                service_pb2.ModelMetadataResponse, service_pb2.ModelInferRequest,
+                service_pb2.ModelInferResponse) if name in m.DESCRIPTOR.nested_types_by_name)
+        for field in ours.DESCRIPTOR.fields:
+            match = theirs.fields_by_name[field.name]
+            assert (match.number, match.type) == (field.number, field.type), (name, field.name)
+    request = service_pb2.ModelInferRequest(model_name="m", id="r")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(b"\x01\x00\x00\x00a")
+    read = CLASSES["ModelInferRequest"].FromString(request.SerializeToString())
+    assert (read.model_name, read.inputs[0].shape[0], read.raw_input_contents[0]) == (
+        "m", 1, b"\x01\x00\x00\x00a")
