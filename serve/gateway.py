@@ -96,7 +96,6 @@ from serve.protocols.door import FrontDoor, Parsed
 from serve.protocols.endpoints import Doors, ProtocolRoutes, document
 from serve.protocols.endpoints import router as protocol_router
 from serve.protocols.oip_grpc import serve_grpc
-from serve.protocols.oip_grpc import serve_grpc
 from serve.schemas import (
     MAX_ROUTING_KEY,
     PREDICT_HEADERS,
@@ -273,7 +272,6 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
-        self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.protocols)
         self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.protocols)
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
         observe_store_errors(self.telemetry.meter, lambda: {
@@ -577,7 +575,9 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
         self, ex: _Exchange, arm: Arm, texts: list[str], task: str
     ) -> tuple[ModelAnswer, bool]:
         """A failed canary call is retried once on baseline, within the deadline and within the
-        retry budget (rollout.budget); a baseline failure is never retried on the canary."""
+        retry budget (rollout.budget), when the baseline can still answer in the time left
+        (else the request is shed, 503 with Retry-After, rather than timed out); a baseline
+        failure is never retried on the canary."""
         first_deadline, rid = ex.deadline, ex.rid
         if arm is Arm.OPTIMIZED:  # leave the baseline retry its share of the deadline
             share = ex.timeout_s * self.settings.canary_timeout_fraction
@@ -594,6 +594,11 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
                 raise ModelFailed(f"{exc.message} (no retry: the retry budget is spent)") from None
             log.warning("request %s: optimized arm failed (%s), retrying on baseline",
                         rid, exc.type)
+        rows = len(texts.ids) if isinstance(texts, Encoded) else len(texts)
+        refusal = self.admission.judge(Arm.BASELINE.value, rows, ex.deadline - time.perf_counter())
+        if refusal is not None:  # the retry would miss the deadline too: shed, not a 504
+            self.shed_summary.shed()
+            raise Overloaded(refusal.message(Arm.BASELINE.value), retry_after=refusal.retry_after)
         return await self._call(ex, Arm.BASELINE, texts, task, ex.deadline), True
 
     async def _call(

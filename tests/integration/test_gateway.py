@@ -214,6 +214,19 @@ def test_a_canary_that_cannot_answer_within_its_share_gives_the_request_to_basel
     assert delta(before, after, calls, arm="baseline", outcome="ok") == 1
 
 
+def test_a_fallback_that_cannot_answer_in_the_time_left_is_shed_not_timed_out(gw):
+    gw.redeploy({"baseline": {"fault_delay_ms": 500}, "optimized": {"fault_error": True}})
+    for i in range(3):  # the baseline's forwards are measured: ~0.5 s each
+        assert gw.predict(["warm"]).status_code == 200
+    gw.set_state(canary_bp=10_000)
+    # the canary fails at once; 400 ms is too little for the baseline's retry
+    response = gw.predict(["short deadline"], **{"X-Routing-Key": "late",
+                                                 "X-Request-Timeout-Ms": "400"})
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["type"] == "overloaded"
+    assert "Retry-After" in response.headers
+
+
 def test_batching_limits_change_live(gw):
     gw.redeploy({"baseline": {"max_batch_size": 1}})
     with ThreadPoolExecutor(8) as pool:
