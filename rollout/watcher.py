@@ -103,6 +103,7 @@ class StateWatcher:
         self._events: list[str] = []
         self._counts: dict[str, int] = {}
         self._logged: set[str] = set()  # kinds logged in the current outage
+        self._beat_failures: set[str] = set()  # kinds of heartbeat failure logged since a beat
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -207,7 +208,12 @@ class StateWatcher:
         try:
             self.heartbeat()
         except Exception as exc:  # a report that cannot be written is retried next beat
-            log.warning("heartbeat failed (serving goes on): %s: %s", error_kind(exc), exc)
+            kind = error_kind(exc)
+            if kind not in self._beat_failures:
+                log.warning("heartbeat failed (serving goes on): %s: %s", kind, exc)
+            self._beat_failures.add(kind)
+        else:
+            self._beat_failures.clear()
 
     def check_stale(self) -> None:
         """Call `on_stale` when the view's staleness changed since the last check."""

@@ -487,3 +487,24 @@ def test_a_heartbeat_that_raises_anything_does_not_stop_the_watcher(memory, cloc
     with running(watcher, wake=lambda: None):
         Rollout(memory, clock).set_canary(300, actor="alice", reason="three")
         assert eventually(lambda: watcher.view().state.canary_bp == 300)
+
+
+def test_a_failing_heartbeat_is_logged_once_per_kind_until_it_works(memory, clock, caplog):
+    failures = [StoreRefused("OOM no memory", "OOM")] * 3 + [None]
+    failures += [StoreRefused("READONLY demoted", "READONLY")] * 3
+    done = threading.Event()
+
+    def heartbeat():
+        if not failures:
+            done.set()
+            return
+        failure = failures.pop(0)
+        if failure is not None:
+            raise failure
+
+    watcher = StateWatcher(memory, poll_s=0.01, staleness_s=5, clock=clock,
+                           heartbeat=heartbeat, heartbeat_s=0)
+    with running(watcher, wake=lambda: None):
+        assert done.wait(DEADLINE_S)
+    logged = [r.getMessage() for r in caplog.records if "heartbeat failed" in r.getMessage()]
+    assert len(logged) == 2 and "OOM" in logged[0] and "READONLY" in logged[1]
