@@ -85,10 +85,13 @@ def test_known_sequence_gives_known_metrics_windows_and_a_fallback_trace(gw):
         assert fallback.status_code == 200 and fallback.json()["fallback"] is True
         after = scrape(gw)
         requests = "canary_requests_total"
-        assert delta(before, after, requests, arm="baseline", status="200", outcome="ok") == 3
-        assert delta(before, after, requests, arm="optimized", status="200", outcome="ok") == 1
+        native = {"protocol": "native"}  # every request here came through POST /v1/predict
+        assert delta(before, after, requests, arm="baseline", status="200", outcome="ok",
+                     **native) == 3
+        assert delta(before, after, requests, arm="optimized", status="200", outcome="ok",
+                     **native) == 1
         assert delta(before, after, requests, arm="none", status="422",
-                     outcome="invalid_input") == 1
+                     outcome="invalid_input", **native) == 1
         calls = "canary_model_calls_total"
         assert delta(before, after, calls, arm="baseline", outcome="ok") == 4
         assert delta(before, after, calls, arm="optimized", outcome="error") == 1
@@ -107,7 +110,7 @@ def test_known_sequence_gives_known_metrics_windows_and_a_fallback_trace(gw):
         assert gw.predict(["too slow"]).status_code == 504
         after = scrape(gw)
         assert delta(before, after, requests, arm="baseline", status="504",
-                     outcome="timeout") == 1
+                     outcome="timeout", **native) == 1
         assert delta(before, after, calls, arm="baseline", outcome="timeout") == 1
         assert delta(before, after, "canary_request_duration_milliseconds_count",
                      arm="baseline", status="504") == 1
