@@ -14,6 +14,7 @@ import pytest
 
 from ops.cli import main
 from rollout.ramp import CONTROLLER, parse_plan
+from tests.integration.test_gateway_telemetry import scrape
 from tests.integration.test_ramp_gateway import wait_for
 from tests.integration.test_shadow import shadow_stats
 from tests.verdicts import passing_verdict
@@ -125,6 +126,24 @@ def recall_since(gw, before, pairs: int):
     return stats, queries, (stats.recall_hits - before.recall_hits) / (10 * queries)
 
 
+def embed_until_compared(gw, before, pairs: int):
+    """Embed requests until `pairs` more embed pairs were compared in the reservoir (on a
+    loaded machine some shadow calls time out or are shed): as `recall_since`."""
+    deadline, first = time.monotonic() + 90, 0
+    while (shadow_stats(gw).recall_queries - before.recall_queries < pairs
+           and time.monotonic() < deadline):
+        embed_requests(gw, first, 2)
+        first += 2
+        time.sleep(0.2)
+    return recall_since(gw, before, pairs)
+
+
+def recall_histogram(samples: dict) -> tuple[float, float]:
+    """(count, sum) of canary_shadow_recall_at_10 over both shadowed arms, from `scrape`."""
+    return tuple(sum(value for (name, _), value in samples.items()
+                     if name == f"canary_shadow_recall_at_10_{part}") for part in ("count", "sum"))
+
+
 def status_recall(gw, monkeypatch) -> float:
     """The online recall@10 `rollout status` shows (its shadow section's line)."""
     monkeypatch.setenv("REDIS_URL", gw.redis.url)
@@ -139,9 +158,7 @@ def status_recall(gw, monkeypatch) -> float:
 def test_a_canary_whose_vectors_drift_loses_recall_and_is_rolled_back(gw, ramp_env,
                                                                        monkeypatch):
     gw.redeploy({}, shadow_share=1.0)
-    before = shadow_stats(gw)
-    embed_requests(gw, 0, 12)
-    healthy, _, recall = recall_since(gw, before, 80)
+    healthy, _, recall = embed_until_compared(gw, shadow_stats(gw), 40)
     assert recall >= 0.9, recall  # the same weights on both arms keep their neighbours
     shown = status_recall(gw, monkeypatch)
 
@@ -149,6 +166,7 @@ def test_a_canary_whose_vectors_drift_loses_recall_and_is_rolled_back(gw, ramp_e
     plan = parse_plan({"window_s": 30, "gates": {
         "min_samples": 3, "min_recall_at_10": 0.95, "min_agreement_pairs": 50},
         "steps": [{"percent": 50, "min_duration_s": 600, "min_samples": 3}, {"percent": 100}]})
+    scraped = recall_histogram(scrape(gw))
     ramp_env.start(plan, actor="test", reason="drifting vectors")
     wait_for(lambda: gw.served_state()["effective_percent"] == 50, 30, "the 50 % step")
     embed_requests(gw, 100, 150, ramp_env)
@@ -160,6 +178,9 @@ def test_a_canary_whose_vectors_drift_loses_recall_and_is_rolled_back(gw, ramp_e
     assert after.cosine_mean > 0.5  # still close vectors: the cosine alone looks harmless
     now = status_recall(gw, monkeypatch)
     assert now < shown - 0.2, (shown, now)  # the window's figure falls
+    count, total = (now - then for now, then in zip(recall_histogram(scrape(gw)), scraped,
+                                                   strict=True))
+    assert count > 0 and total / count < 0.8, (count, total)  # Prometheus shows it too
     assert ramp_env.states.get().canary_bp == 0
     print(f"\nrecall@10 healthy {recall:.3f}, drifting {drifted:.3f} over {queries} pairs; "
           f"rollout status: {shown:.4f} -> {now:.4f}")
