@@ -269,6 +269,13 @@ def _unit(*values):
 
 
 OWN_DIMS = 8  # a stub row's dimensions beyond the label scores
+
+
+@functools.lru_cache(maxsize=4096)
+def _own(i: int) -> torch.Tensor:
+    """Input i's own unit direction in the dimensions beyond the label scores."""
+    own = torch.randn(OWN_DIMS, generator=torch.Generator().manual_seed(i))
+    return own / own.norm()
 NEAR_TIE = (0.70, 0.69, 0.10)  # baseline margin < 0.05 once normalised
 CONFIDENT = (0.9, 0.3, 0.1)
 
@@ -328,8 +335,7 @@ class StubVariant:
         """The label scores in the first three dimensions; a small direction of its own in
         the others, so that inputs have distinct nearest neighbours (serve.neighbours)."""
         values = NEAR_TIE if self.near_tie(i) else CONFIDENT
-        own = torch.randn(OWN_DIMS, generator=torch.Generator().manual_seed(i))
-        row = torch.cat([_unit(*values).roll(i % 3), 0.1 * own / own.norm()])
+        row = torch.cat([_unit(*values).roll(i % 3), 0.1 * _own(i)])
         return row / row.norm()
 
     def row(self, i, model):
