@@ -115,7 +115,7 @@ class KillSettings:
     def acknowledgement(self) -> Acknowledgement:
         """As Settings.acknowledgement: the replicas each write waits for."""
         return acknowledgement_for(self.redis_url, self.redis_wait_replicas,
-                                   self.redis_wait_timeout_ms)
+                                   self.redis_wait_timeout_ms, self.redis_timeout_s)
 
 
 def read_kill_settings(environ: Mapping[str, str], *, redis_url: str | None = None,
@@ -140,19 +140,4 @@ def read_kill_settings(environ: Mapping[str, str], *, redis_url: str | None = No
             problems.append((name, str(exc)))
     if problems:
         raise BadSettings(problems)
-    settings = KillSettings(**values)
-    problem = wait_problem(settings.acknowledgement(), settings.redis_timeout_s)
-    if problem:
-        raise BadSettings([("redis_wait_timeout_ms", problem)])
-    return settings
-
-
-def wait_problem(ack: Acknowledgement, redis_timeout_s: float) -> str | None:
-    """Why a replica acknowledgement cannot work with this socket timeout, or None: a `WAIT`
-    longer than the timeout is cut off by it, and a write in effect would be reported as
-    Redis unreachable."""
-    if ack.replicas and ack.timeout_ms >= redis_timeout_s * 1000:
-        return (f"the replicas' acknowledgement wait ({ack.timeout_ms} ms) must be shorter "
-                f"than CANARY_REDIS_TIMEOUT_S ({redis_timeout_s:g} s): a longer WAIT is cut off "
-                "by the socket timeout")
-    return None
+    return KillSettings(**values)

@@ -258,11 +258,19 @@ def not_acknowledged_message(what: str, acknowledged: int, replicas: int,
             "replicas, then `rollout status`)")
 
 
-def acknowledgement_for(url: str, replicas: int | None, timeout_ms: int) -> Acknowledgement:
+WAIT_MARGIN_MS = 250  # a WAIT ends this long before the socket timeout would cut it off
+
+
+def acknowledgement_for(url: str, replicas: int | None, timeout_ms: int,
+                        socket_timeout_s: float | None = None) -> Acknowledgement:
     """The settings' acknowledgement for `url`: `replicas` None means 1 behind Sentinel, 0 for
-    one Redis."""
+    one Redis. The WAIT is kept WAIT_MARGIN_MS inside `socket_timeout_s` (the connection's
+    read timeout): a longer one would be cut off by it, and a write in effect reported as
+    Redis unreachable instead of not acknowledged."""
     if replicas is None:
         replicas = 1 if is_sentinel(url) else 0
+    if socket_timeout_s is not None:
+        timeout_ms = max(1, min(timeout_ms, int(socket_timeout_s * 1000) - WAIT_MARGIN_MS))
     return Acknowledgement(replicas, timeout_ms)
 
 

@@ -20,14 +20,7 @@ import os
 import re
 from typing import Annotated, Literal, Self
 
-from pydantic import (
-    AliasChoices,
-    Field,
-    SecretStr,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout import kill_settings as kill
@@ -100,7 +93,8 @@ class StateSettings(BaseSettings):
     redis_wait_timeout_ms: int = Field(
         kill.REDIS_WAIT_TIMEOUT_MS.default, **kill.REDIS_WAIT_TIMEOUT_MS.bounds,
         description="how long a write waits for its replicas' "
-        "acknowledgement (`CANARY_REDIS_WAIT_REPLICAS`)"
+        "acknowledgement (`CANARY_REDIS_WAIT_REPLICAS`); at most `CANARY_REDIS_TIMEOUT_S` less "
+        "0.25 s, which would cut a longer wait off"
     )
     kill_retry_s: float = Field(
         kill.KILL_RETRY_S.default, **kill.KILL_RETRY_S.bounds,
@@ -136,21 +130,10 @@ class StateSettings(BaseSettings):
             raise ValueError("state_staleness_s must be longer than state_poll_s")
         return self
 
-    @field_validator("redis_wait_timeout_ms")
-    @classmethod
-    def _wait_within_timeout(cls, value: int, info: ValidationInfo) -> int:
-        if not {"redis_url", "redis_timeout_s", "redis_wait_replicas"} <= info.data.keys():
-            return value  # one of them is refused itself
-        ack = acknowledgement_for(info.data["redis_url"], info.data["redis_wait_replicas"], value)
-        problem = kill.wait_problem(ack, info.data["redis_timeout_s"])
-        if problem:
-            raise ValueError(problem)
-        return value
-
     def acknowledgement(self) -> Acknowledgement:
         """The replica acknowledgement durable writes wait for (rollout.redis_conn)."""
         return acknowledgement_for(self.redis_url, self.redis_wait_replicas,
-                                   self.redis_wait_timeout_ms)
+                                   self.redis_wait_timeout_ms, self.redis_timeout_s)
 
     def control_settings(self) -> Self:
         """These settings with the control connection as `redis_url`: what in-app components

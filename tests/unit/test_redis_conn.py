@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from ops.cli.errors import exit_for
 from rollout import Settings
 from rollout.errors import NotAcknowledged, answer_for
+from rollout.kill_settings import KillSettings
 from rollout.redis_conn import (
     Acknowledgement,
     SentinelURL,
@@ -263,3 +264,12 @@ def test_sentinels_are_asked_in_order_and_an_unknown_service_is_no_primary():
 ])
 def test_what_the_kill_retries_across_a_failover(error, retry):
     assert retryable(error) is retry
+
+
+def test_the_wait_for_replicas_ends_inside_the_socket_timeout():
+    url = "redis+sentinel://h:1/svc/0"
+    assert acknowledgement_for(url, None, 1000, 2.0) == Acknowledgement(1, 1000)
+    assert acknowledgement_for(url, None, 5000, 2.0) == Acknowledgement(1, 1750)
+    assert acknowledgement_for(url, None, 1000, 0.1) == Acknowledgement(1, 1)
+    assert KillSettings(redis_url=url, redis_timeout_s=1.0).acknowledgement().timeout_ms == 750
+    assert Settings(redis_url=url, redis_timeout_s=1.0).acknowledgement().timeout_ms == 750
