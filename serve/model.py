@@ -387,10 +387,8 @@ class ModelServer:
         ends_at = time.monotonic() + self._forward_estimate_s  # every answer waits for the end
 
         def expired(request: int) -> bool:
-            """Nobody will wait for its answer: its deadline passes before this forward
-            would end (a forward that ends after it is work thrown away). Judged before each
-            chunk against the forward's estimated end, or now once that has passed: the time
-            earlier chunks took is in it once."""
+            """Its deadline passes before this forward's estimated end (or now, once past
+            it): nobody will wait for the answer, and each chunk counts earlier ones once."""
             end = max(ends_at, time.monotonic())
             return deadlines[request] is not None and end >= deadlines[request]
 
