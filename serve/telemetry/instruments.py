@@ -105,6 +105,7 @@ class GatewayMetrics:
         if gateway_ms is not None and record.attempts:
             self.stages.record(gateway_ms, {"arm": record.attempts[-1].arm, "stage": "gateway"})
 
+
 def observe_store_errors(meter: Meter, errors: Callable[[], dict[str, dict[str, int]]]) -> None:
     """`canary.store.errors`: `errors()` gives component -> kind -> count so far."""
     def observe(_: CallbackOptions):

@@ -216,7 +216,7 @@ def test_a_canary_that_cannot_answer_within_its_share_gives_the_request_to_basel
 
 def test_a_fallback_that_cannot_answer_in_the_time_left_is_shed_not_timed_out(gw):
     gw.redeploy({"baseline": {"fault_delay_ms": 500}, "optimized": {"fault_error": True}})
-    for i in range(3):  # the baseline's forwards are measured: ~0.5 s each
+    for _ in range(3):  # the baseline's forwards are measured: ~0.5 s each
         assert gw.predict(["warm"]).status_code == 200
     gw.set_state(canary_bp=10_000)
     # the canary fails at once; 400 ms is too little for the baseline's retry
