@@ -16,6 +16,7 @@ from tests.tiny_model import make_tiny_encoder
 
 APP = "canary-itest"
 OPERATOR_TOKEN = "itest-operator-token-0123456789"  # the dashboard's actions (Bearer)
+STARTS = 3  # tries to start the app when a port it picked was taken meanwhile
 
 
 @dataclass
@@ -129,10 +130,22 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "grpc_port": free_port(),  # the OIP over gRPC (serve.protocols.oip_grpc), its own port
         **overrides,
     })
-    ray_env.apply(throwaway=True)  # the production ingress (HAProxy, Serve's throughput mode)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build(settings), name="canary", route_prefix="/")
+    for attempt in range(1, STARTS + 1):
+        ray_env.apply(throwaway=True)  # the production ingress (HAProxy, throughput mode)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build(settings), name="canary", route_prefix="/")
+            break
+        except Exception as exc:
+            # a port picked free can be taken before HAProxy binds it: start again on others
+            if "Address already in use" not in str(exc) or attempt == STARTS:
+                ray.shutdown()
+                redis.cleanup()  # nothing of a failed start stays behind
+                raise
+            serve.shutdown()
+            ray.shutdown()
+            port = free_port()
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=30.0)
     return GatewayApp(settings, redis, url, client)

@@ -133,7 +133,7 @@ def test_spans_and_metrics_reach_an_otlp_receiver(receiver):
                         value = point.count if kind == "histogram" else (
                             point.as_int or point.as_double)
                         points[(metric.name, attrs)] = value
-    assert points[("canary.requests",
-                   (("arm", "baseline"), ("outcome", "ok"), ("status", "200")))] == 1
+    assert points[("canary.requests", (("arm", "baseline"), ("outcome", "ok"),
+                                       ("protocol", "native"), ("status", "200")))] == 1
     assert points[("canary.model.calls", (("arm", "baseline"), ("outcome", "ok")))] == 1
     assert points[("canary.stage.duration", (("arm", "baseline"), ("stage", "forward")))] == 1
