@@ -164,6 +164,11 @@ _OVERRIDES = {
 }
 
 
+def _rows(texts: list[str] | Encoded) -> int:
+    """How many inputs a call carries, texts or the gateway's token ids."""
+    return len(texts.ids) if isinstance(texts, Encoded) else len(texts)
+
+
 def _timed_out(arm: Arm, remaining: float) -> ModelTimeout:
     return ModelTimeout(f"the {arm.value} model did not answer within {remaining:.2f} s")
 
@@ -489,13 +494,18 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             arm.value, len(texts), min(left, ex.timeout_s * self.settings.canary_timeout_fraction))
         if rerouted:
             arm = Arm.BASELINE
-        refusal = self.admission.judge(arm.value, len(texts), left)
-        if refusal is not None:
-            self.shed_summary.shed()
-            raise Overloaded(refusal.message(arm.value), retry_after=refusal.retry_after)
+        self._admit(arm, len(texts), left)
         inputs = await self.preprocess.encode(texts)
         answer, fallback = await self._call_with_fallback(ex, arm, inputs, task)
         return answer, fallback or rerouted
+
+    def _admit(self, arm: Arm, rows: int, timeout_s: float) -> None:
+        """Overloaded (503 with Retry-After, counted as shed) when `rows` more for `arm` would
+        be answered after `timeout_s` (serve.admission)."""
+        refusal = self.admission.judge(arm.value, rows, timeout_s)
+        if refusal is not None:
+            self.shed_summary.shed()
+            raise Overloaded(refusal.message(arm.value), retry_after=refusal.retry_after)
 
     def _respond(self, answer: ModelAnswer, fallback: bool, routing: str, task: str,
                  ex: _Exchange, parsed: Parsed) -> tuple[Response, dict]:
@@ -594,11 +604,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
                 raise ModelFailed(f"{exc.message} (no retry: the retry budget is spent)") from None
             log.warning("request %s: optimized arm failed (%s), retrying on baseline",
                         rid, exc.type)
-        rows = len(texts.ids) if isinstance(texts, Encoded) else len(texts)
-        refusal = self.admission.judge(Arm.BASELINE.value, rows, ex.deadline - time.perf_counter())
-        if refusal is not None:  # the retry would miss the deadline too: shed, not a 504
-            self.shed_summary.shed()
-            raise Overloaded(refusal.message(Arm.BASELINE.value), retry_after=refusal.retry_after)
+        # the retry would miss the deadline too: shed, not a 504
+        self._admit(Arm.BASELINE, _rows(texts), ex.deadline - time.perf_counter())
         return await self._call(ex, Arm.BASELINE, texts, task, ex.deadline), True
 
     async def _call(
@@ -609,7 +616,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             raise ModelTimeout(f"no time left for the {arm.value} model within the deadline")
-        rows = len(texts.ids) if isinstance(texts, Encoded) else len(texts)
+        rows = _rows(texts)
         with ex.obs.call(arm.value) as call, ex.slot.counted(arm.value, rows):
             if self.coalescers is None:
                 result = await self._remote(arm, texts, task, remaining, call.carrier)

@@ -63,12 +63,6 @@ class Idempotency:
         self.skipped: dict[str, int] = {}  # requests served without deduplication, by why
         self._pending: set[asyncio.Future] = set()  # releases of abandoned claims
 
-    def fit_budget(self) -> None:
-        """Cut the budget to a quarter of the Redis' `maxmemory` when that is smaller (read
-        once, at the replica's start, off the event loop; a Redis that cannot say keeps the
-        configured budget)."""
-        self.store.budget = fit_budget(self.store)
-
     def _skip(self, why: str, detail: object = "") -> None:
         """Count a request served without deduplication; log the first of each kind."""
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -172,8 +166,9 @@ def fit_budget(store: RedisIdempotencyStore) -> Budget:
 
 def check_redis_memory(idempotency: Idempotency, store) -> None:
     """At a gateway replica's start: fit the idempotency budget to its Redis, and warn when the
-    state's Redis (`store`, a RedisStateStore) may evict the rollout state."""
-    idempotency.fit_budget()
+    state's Redis (`store`, a RedisStateStore) may evict the rollout state. Read once, off the
+    event loop; a Redis that cannot say keeps the configured budget."""
+    idempotency.store.budget = fit_budget(idempotency.store)
     try:
         _, policy = store.memory_limits()
     except RolloutError as exc:
