@@ -400,8 +400,16 @@ class ServingSettings(BaseSettings):
 
     model_config = CONFIG
 
+    topology: Literal["colocated", "remote"] = Field(
+        "remote", description="where the arms' models run: `colocated`, both loaded in every "
+        "gateway replica (no second Ray hop per request; for models that fit twice in a "
+        "replica), or `remote`, one Serve deployment per arm, called from the gateway (arms "
+        "that scale on their own: large models, a GPU per arm, a cluster) ([the topology]"
+        "(production.md#the-topology))"
+    )
     gateway_num_cpus: float = Field(
-        0.25, ge=0, le=64, description="CPU reserved per gateway replica"
+        0.25, ge=0, le=64, description="CPU reserved per gateway replica (colocated: plus "
+        "`model_num_cpus` per arm)"
     )
     model_num_cpus: float = Field(
         0.5, ge=0, le=64, description="CPU reserved per model replica (fractions let all "

@@ -89,6 +89,7 @@ class DeploymentReport(BaseModel):
     # flip capture as this gateway runs it (None: a gateway from before it was reported)
     flip_capture: bool | None = None
     shadow_share: float | None = None
+    topology: str = ""  # where the arms' models run: colocated or remote ("": not reported)
     stale: bool | None = None  # routing all to baseline on a stale state (None: not reported)
     state_error: str | None = None  # why the state is not trusted (the watcher's view.error)
     store_errors: dict[str, int] = {}  # the watcher's refresh errors by kind since its start

@@ -22,6 +22,7 @@ from ray.serve import Application
 
 from rollout.settings import Settings
 from serve import ray_env
+from serve.colocated import ARMS, COLOCATED
 from serve.controller import RampControllerDeployment
 from serve.gateway import Gateway
 from serve.model import ModelServer
@@ -29,14 +30,34 @@ from serve.shadow import flip_capture
 
 
 def build(settings: Settings, live: dict[str, dict] | None = None) -> Application:
-    """The gateway bound to one model deployment per arm and the ramp controller, sized from
-    the settings.
+    """The gateway and the ramp controller, sized from the settings, with the arms' models
+    as `topology` places them: one model deployment per arm (`remote`), or loaded in every
+    gateway replica (`colocated`, serve.colocated).
 
-    `live` adds per-arm `user_config` entries (see `ModelServer.reconfigure`), e.g.
-    `{"optimized": {"fault_error": True}}` for a fault drill.
+    `live` adds per-arm live settings (see `ModelServer.reconfigure`), e.g.
+    `{"optimized": {"fault_error": True}}` for a fault drill: each model deployment's
+    `user_config`, or the gateway's (`{"arms": ...}`) when colocated.
     """
     live = live or {}
+    if unknown := set(live) - set(ARMS):
+        raise ValueError(f"live settings for unknown arms {sorted(unknown)}: choose from "
+                         f"{', '.join(ARMS)}")
     flip_capture(settings)  # a CANARY_FLIP_REDACT that cannot be imported fails now
+    arms_config = {arm: {"max_batch_size": settings.max_batch_size,
+                         "batch_wait_ms": settings.batch_wait_ms, **live.get(arm, {})}
+                   for arm in ARMS}
+    controller = RampControllerDeployment.options(
+        ray_actor_options={"num_cpus": settings.ramp_controller_num_cpus},
+    ).bind(settings)
+    if settings.topology == COLOCATED:  # both models in every gateway replica
+        return Gateway.options(
+            ray_actor_options={
+                "num_cpus": settings.gateway_num_cpus + len(ARMS) * settings.model_num_cpus,
+                "num_gpus": len(ARMS) * settings.model_num_gpus,
+            },
+            max_ongoing_requests=settings.gateway_max_ongoing_requests,
+            user_config={"arms": arms_config},
+        ).bind(None, None, settings, ramp_controller=controller)
     model = ModelServer.options(
         ray_actor_options={
             "num_cpus": settings.model_num_cpus,
@@ -45,25 +66,12 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
         max_ongoing_requests=settings.model_max_ongoing_requests,
         max_queued_requests=settings.model_max_queued_requests,
     )
-    arms = {
-        arm: model.options(
-            name=arm,
-            user_config={
-                "max_batch_size": settings.max_batch_size,
-                "batch_wait_ms": settings.batch_wait_ms,
-                **live.get(arm, {}),
-            },
-        ).bind(settings, arm)
-        for arm in ("baseline", "optimized")
-    }
-    baseline, optimized = arms["baseline"], arms["optimized"]
-    controller = RampControllerDeployment.options(
-        ray_actor_options={"num_cpus": settings.ramp_controller_num_cpus},
-    ).bind(settings)
+    arms = {arm: model.options(name=arm, user_config=arms_config[arm]).bind(settings, arm)
+            for arm in ARMS}
     return Gateway.options(
         ray_actor_options={"num_cpus": settings.gateway_num_cpus},
         max_ongoing_requests=settings.gateway_max_ongoing_requests,
-    ).bind(baseline, optimized, settings, ramp_controller=controller)
+    ).bind(arms["baseline"], arms["optimized"], settings, ramp_controller=controller)
 
 
 def app(args: dict[str, str]) -> Application:

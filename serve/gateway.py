@@ -50,7 +50,7 @@ from rollout.settings import (
     StateSettings,
     TelemetrySettings,
 )
-from serve import ingress, ray_env
+from serve import colocated, ingress, ray_env
 from serve.admission import TIMEOUT_HEADER, Admission, ShedSummary, Slot, requested_timeout_s
 from serve.answer import BatchShape, ModelAnswer
 from serve.batching import Expired, RowsDidNotFit
@@ -233,15 +233,15 @@ class _Exchange:
 @serve.ingress(api)
 class Gateway(DashboardRoutes, ProtocolRoutes):
     async def __init__(
-        self, baseline: DeploymentHandle, optimized: DeploymentHandle, settings: Settings,
-        ramp_controller: DeploymentHandle | None = None,
+        self, baseline: DeploymentHandle | None, optimized: DeploymentHandle | None,
+        settings: Settings, ramp_controller: DeploymentHandle | None = None,
     ):
         """The replica's composition root: `settings` holds every group (rollout.settings),
-        and each component is handed the groups its signature names."""
+        and each component is handed the groups its signature names. Without the arms'
+        deployments (the colocated topology) it loads both models itself (serve.colocated)."""
         self.settings = settings
         self.ramp_controller = ramp_controller  # bound here so the application includes it
-        baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
-        self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+        await self._open_arms(baseline, optimized, settings)
         infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
         check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
@@ -282,6 +282,20 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
         observe_store_errors(self.telemetry.meter, lambda: {
             "state": dict(self.watcher.view().errors), "idempotency": self.idempotency.skipped})
 
+    async def _open_arms(self, baseline: DeploymentHandle | None,
+                         optimized: DeploymentHandle | None, settings: Settings) -> None:
+        """`handles`: the arms' deployments (the remote topology), or both models loaded in
+        this replica (`local`: the colocated topology, serve.colocated) when none is bound."""
+        self.local = None
+        if baseline is None or optimized is None:
+            ray_env.warn_missing(log.warning)
+            self.local = await colocated.load(settings)
+            baseline, optimized = self.local["baseline"], self.local["optimized"]
+        else:
+            baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
+        self.topology = colocated.REMOTE if self.local is None else colocated.COLOCATED
+        self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+
     def _open_telemetry(self, state: StateSettings, settings: TelemetrySettings) -> None:
         """Traces, metrics and logs (serve.telemetry), and this replica's own metrics port,
         registered for Prometheus (serve.telemetry.metrics_targets)."""
@@ -296,10 +310,20 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             node_ip=node_ip)
         self.observer = Observer(self.telemetry)
 
+    def reconfigure(self, user_config: dict) -> None:
+        """Live settings of the models this replica loaded (the colocated topology): per arm
+        under `arms`, what `ModelServer.reconfigure` takes (batching, fault injection)."""
+        if self.local is None:
+            raise ValueError("live arm settings go to the model deployments in the remote "
+                             "topology, not to the gateway")
+        colocated.reconfigure(self.local, user_config.get("arms", {}))
+
     def _coalescers(self, serving: ServingSettings,
                     batching: BatchingSettings) -> dict[Arm, Coalescer] | None:
-        """Per arm, concurrent requests go as one model call (serve.coalesce), when enabled."""
-        if not serving.gateway_coalesce_calls:
+        """Per arm, concurrent requests go as one model call (serve.coalesce), when enabled;
+        never to models in this process, which batch the requests themselves at no cost per
+        call."""
+        if not serving.gateway_coalesce_calls or self.local is not None:
             return None
         return {arm: Coalescer(functools.partial(self._send, arm),
                                calls=serving.gateway_coalesce_calls,
@@ -330,6 +354,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
                 auto=self.models[Arm.OPTIMIZED].get("auto") or "",
                 flip_capture=self.settings.flip_capture,
                 shadow_share=self.settings.shadow_share,
+                topology=self.topology,
             )
         )
 
@@ -682,6 +707,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             "store_errors": dict(view.errors),
             "idempotency_skipped": dict(self.idempotency.skipped),
             "serving": {arm.value: info["version"] for arm, info in self.models.items()},
+            "topology": self.topology,
             "admission": self.admission.snapshot(),
             # the header routes this replica applies (none while killed or stale)
             "routes": [route.model_dump(mode="json", include={"id", "header", "values", "arm"})

@@ -157,7 +157,14 @@ class ModelServer:
         self.fault_delay_s, self.fault_error, self.fault_oom_tokens = 0.0, False, 0
         self.forward_clock = ForwardClock(self.variant.device)
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
+        # torch's count is the calling thread's: set where the forwards run, so two arms in
+        # one process (serve.colocated) each keep their own
+        self._forward_pool.submit(torch.set_num_threads, share)
         self.waiting = 0  # requests queued for a batch in this replica
+        # `@serve.batch` on the method would keep one queue per class in a process: two arms
+        # in one process (serve.colocated) would share their batches. One queue per server.
+        self._batched = serve.batch(max_batch_size=16,
+                                    batch_wait_timeout_s=0.005)(self._forward_batch)
         self._forwarding = 0  # batches in the forward thread
         self._forward_started = 0.0  # perf_counter when the running forward started
         self._forward_estimate_s = 0.0  # how long it probably takes
@@ -365,8 +372,8 @@ class ModelServer:
         record_model_spans(self.telemetry.tracer, carrier, clock, marks, attrs,
                            queue_length=queue_length, batch=batch, error=error)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _batched(self, queued: list[_Queued]) -> list[_Forwarded]:
+    async def _forward_batch(self, queued: list[_Queued]) -> list[_Forwarded]:
+        """A batch `_batched` merged, forwarded in the forward thread under the token budget."""
         started = time.perf_counter()
         for item in queued:
             item.leave()

@@ -93,6 +93,8 @@ class RolloutView(BaseModel):
     idempotency_skipped: dict[str, int] = Field(
         {}, description="requests served without deduplication, by why (OOM, over budget...)")
     serving: dict[str, str] = Field(description="arm -> model version")
+    topology: str = Field(description="where the arms' models run: `colocated` (in this "
+                          "replica) or `remote` (a Serve deployment per arm)")
     admission: dict[str, Any]
     routes: list[dict[str, Any]] = Field(description="the header routes this replica applies")
     routes_applied: bool

@@ -27,6 +27,8 @@ class GatewayApp:
     client: httpx.Client
     live: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
+    name: str = "canary"  # the Serve application
+    route_prefix: str = "/"
 
     @property
     def operator(self) -> Settings:
@@ -75,8 +77,8 @@ class GatewayApp:
 
         self.live = live
         self.overrides = settings
-        serve.run(build(self.settings.model_copy(update=settings), live), name="canary",
-                  route_prefix="/")
+        serve.run(build(self.settings.model_copy(update=settings), live), name=self.name,
+                  route_prefix=self.route_prefix)
 
     def predict(self, inputs, **headers) -> httpx.Response:
         return self.client.post("/v1/predict", json={"inputs": inputs}, headers=headers)
@@ -117,6 +119,8 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "state_poll_s": 0.2, "state_staleness_s": 1.5, "request_timeout_s": 5.0, "max_items": 8,
         "max_item_chars": 200, "max_total_chars": 800, "gateway_num_cpus": 0.1,
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
+        # a deployment per arm; tests/integration/test_colocated.py runs the other topology
+        "topology": "remote",
         # a named recipe: `auto` would measure its candidates at start (serve.autopick)
         "optimized_recipe": "bf16",
         "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
@@ -149,6 +153,30 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=30.0)
     return GatewayApp(settings, redis, url, client)
+
+
+def start_colocated(shared: GatewayApp, name: str = "colocated") -> GatewayApp:
+    """The same app in the colocated topology (both models in the gateway's replica), as a
+    second Serve application beside `shared` in its Ray instance, on its Redis under an app
+    name of its own, served under the route prefix `/<name>`."""
+    from ray import serve
+
+    from serve.config import build
+
+    settings = shared.settings.model_copy(update={
+        "topology": "colocated", "app_name": f"{APP}-{name}", "grpc_port": 0})
+    prefix = f"/{name}"
+    serve.run(build(settings), name=name, route_prefix=prefix)
+    url = shared.url + prefix
+    return GatewayApp(settings, shared.redis, url, httpx.Client(base_url=url, timeout=30.0),
+                      name=name, route_prefix=prefix)
+
+
+def stop_colocated(app: GatewayApp) -> None:
+    from ray import serve
+
+    app.client.close()
+    serve.delete(app.name)
 
 
 def stop_gateway(app: GatewayApp) -> None:

@@ -93,6 +93,12 @@ def status_rows(state: RolloutState, now: float, audited: bool = True) -> list[t
     ]
 
 
+TOPOLOGIES = {
+    "colocated": "colocated: both models run in this gateway's replicas",
+    "remote": "remote: a Serve deployment per arm, called from the gateway",
+}
+
+
 def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list[tuple[str, str]]:
     """One row per gateway that reported what it serves, flagging silent or mismatched ones."""
     if not reports:
@@ -117,6 +123,8 @@ def gateway_rows(state: RolloutState, reports, now: float, ttl_s: float) -> list
         rows.append((label, text + (": " + "; ".join(notes) if notes else "")))
         if report.auto or report.optimized_recipe:
             rows.append(("  recipe", one_line(report.auto or report.optimized_recipe)))
+        if report.topology:
+            rows.append(("  topology", TOPOLOGIES.get(report.topology, one_line(report.topology))))
         rows.extend(("  event", one_line(event)) for event in report.events)
         if report.store_errors:
             counts = ", ".join(f"{kind} {n}" for kind, n in sorted(report.store_errors.items()))

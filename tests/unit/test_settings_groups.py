@@ -148,6 +148,10 @@ WHOLE_SETTINGS = {
     "serve/gateway.py:Gateway.__init__": "a gateway replica's composition root: Ray builds it "
     "from what build() binds, and it hands each component its groups",
     "serve/model.py:ModelServer.__init__": "a model replica's composition root (as the gateway)",
+    "serve/gateway.py:Gateway._open_arms": "hands the whole settings to serve.colocated.load "
+    "(the colocated topology)",
+    "serve/colocated.py:load": "builds both arms' ModelServer (composition roots) in a gateway "
+    "replica",
     "serve/controller.py:RampControllerDeployment.__init__": "the ramp controller replica's "
     "composition root (as the gateway)",
     # not narrowed yet: an arm's model reads three groups (the model's, verify's regression set

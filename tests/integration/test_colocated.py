@@ -1,0 +1,113 @@
+"""The colocated topology end to end: the same app with both models loaded in the gateway's
+replica (serve.colocated), as a second Serve application in the shared test cluster, on the
+shared Redis under its own app name.
+
+The contract is the remote topology's: the tests below are the shared app's own, imported and
+run here against the colocated app (this module's `gw`), so a behaviour that holds in one
+topology and not in the other fails here. Kill switch, sticky share, header routes, fallback,
+admission by deadline, live fault injection, telemetry and the ramp.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ops.cli.format import gateway_rows
+from tests.integration.test_gateway import (  # noqa: F401  (run here, on the colocated app)
+    test_a_canary_that_cannot_answer_within_its_share_gives_the_request_to_baseline,
+    test_a_fallback_that_cannot_answer_in_the_time_left_is_shed_not_timed_out,
+    test_batching_limits_change_live,
+    test_embed_returns_unit_vectors,
+    test_failed_baseline_is_not_retried_on_canary,
+    test_failed_canary_falls_back_to_baseline,
+    test_gateway_reports_what_it_serves_and_the_share_is_bound_to_it,
+    test_kill_switch_beats_share_and_unkill_restores,
+    test_model_timeout_is_504,
+    test_out_of_memory_splits_batches_and_an_input_that_never_fits_is_413,
+    test_predict_answers_with_contract_fields_and_headers,
+    test_quarter_share_over_2000_distinct_keys,
+    test_share_hundred_sends_everything_to_optimized,
+    test_sticky_and_monotone_widening,
+)
+from tests.integration.test_gateway_telemetry import (  # noqa: F401
+    test_known_sequence_gives_known_metrics_windows_and_a_fallback_trace,
+)
+from tests.integration.test_ramp_gateway import (  # noqa: F401
+    ramp_env,
+    test_a_faulty_canary_is_rolled_back_and_no_request_is_lost,
+    test_a_healthy_canary_is_promoted_through_a_short_plan,
+)
+from tests.integration.test_routes import (  # noqa: F401
+    routes,
+    test_a_route_sends_its_requests_to_optimized_at_zero_share_until_removed,
+    test_the_kill_switch_beats_routes_and_overrides,
+)
+from tests.integration.test_shadow import shadow_stats, total, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def colocated_app(gateway):
+    from tests.serve_app import start_colocated, stop_colocated
+
+    app = start_colocated(gateway)
+    yield app
+    stop_colocated(app)
+
+
+@pytest.fixture
+def gw(colocated_app):
+    """The colocated app with the rollout reset to 0 %, kill switch off, no faults."""
+    if colocated_app.redis.proc is None:
+        colocated_app.redis.start()
+    if colocated_app.live or colocated_app.overrides:
+        colocated_app.redeploy({})
+    colocated_app.set_state(canary_bp=0, kill=False)
+    return colocated_app
+
+
+def test_the_gateway_and_rollout_status_say_the_topology(gw):
+    assert gw.served_state()["topology"] == "colocated"
+    store = gw.rollout().store
+    try:
+        reports = store.deployments()
+        state = store.get()
+    finally:
+        store.close()
+    assert {report.topology for report in reports} == {"colocated"}
+    rows = dict(gateway_rows(state, reports, now=reports[0].ts, ttl_s=60))
+    assert rows["  topology"].startswith("colocated: both models run in this gateway")
+
+
+def test_both_models_answer_from_the_gateways_own_process(gw):
+    """No model deployment exists for this app: each arm's answer comes from the process that
+    served the request (the same pid for both arms and for the gateway's readiness)."""
+    from ray import serve
+
+    status = serve.status().applications[gw.name]
+    assert set(status.deployments) == {"gateway", "ramp-controller"}
+    assert gw.client.get("/readyz").json()["models"] == {"baseline": True, "optimized": True}
+    gw.set_state(canary_bp=10_000)
+    assert gw.predict(["to the optimized arm"]).json()["arm"] == "optimized"
+
+
+def test_one_trace_holds_the_gateway_the_model_and_the_shadow(gw):
+    """The model's spans (service canary-model) join the request's trace from the same
+    process, and the shadow's comparison with the other arm lands in it too."""
+    gw.redeploy({}, shadow_share=1.0)
+    before = total(shadow_stats(gw))
+    response = gw.predict(["one trace, both arms"], **{"X-Request-ID": "colocated-trace-1"})
+    assert response.status_code == 200
+    wait_for(gw, lambda stats: total(stats) > before, "the shadow call")
+    store = gw.telemetry()
+    try:
+        # the root span is named after the path, under this app's route prefix here
+        _, spans = gw.wait_for_trace(store, "colocated-trace-1", "model.predict", "forward",
+                                     "shadow")
+    finally:
+        store.close()
+    assert {span["service"] for span in spans} == {"canary-gateway", "canary-model"}
+    shadow = next(span for span in spans if span["name"] == "shadow")
+    assert shadow["attrs"]["canary.arm"] == "optimized"
+    assert shadow["attrs"]["canary.shadow.outcome"] == "ok"

@@ -1,0 +1,196 @@
+"""The colocated topology's in-process arms (serve.colocated) and how the app is built for
+each topology (serve.config.build)."""
+
+import asyncio
+
+import pytest
+
+from rollout import Settings
+from serve.colocated import LocalHandle, reconfigure
+
+
+class FakeServer:
+    def __init__(self):
+        self.configured: list[dict] = []
+        self.cancelled = False
+
+    async def predict(self, texts, task, trace=None, remaining_s=None):
+        await asyncio.sleep(0)
+        return {"texts": texts, "task": task, "remaining_s": remaining_s}
+
+    async def slow(self):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    def info(self) -> dict:
+        return {"arm": "baseline"}
+
+    def broken(self):
+        raise RuntimeError("no model")
+
+    async def failing(self):
+        raise ValueError("bad rows")
+
+    def reconfigure(self, config: dict) -> None:
+        self.configured.append(config)
+
+
+def test_a_local_call_answers_as_a_handle_call_does():
+    async def scenario():
+        handle = LocalHandle(FakeServer())
+        answer = await handle.predict.remote(["a"], "embed", None, 1.5)
+        info = await handle.info.remote()
+        return answer, info
+
+    answer, info = asyncio.run(scenario())
+    assert answer == {"texts": ["a"], "task": "embed", "remaining_s": 1.5}
+    assert info == {"arm": "baseline"}
+
+
+def test_errors_come_back_when_awaited_from_plain_and_async_methods():
+    async def scenario():
+        handle = LocalHandle(FakeServer())
+        plain, coroutine = handle.broken.remote(), handle.failing.remote()
+        with pytest.raises(RuntimeError, match="no model"):
+            await plain
+        with pytest.raises(ValueError, match="bad rows"):
+            await coroutine
+
+    asyncio.run(scenario())
+
+
+def test_a_timed_out_call_is_cancelled_in_the_model_server():
+    """The gateway's `wait_for` on a local call cancels the model's work, as `cancel()` on a
+    handle's response does for a remote one."""
+    server = FakeServer()
+
+    async def scenario():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(LocalHandle(server).slow.remote(), timeout=0.05)
+
+    asyncio.run(scenario())
+    assert server.cancelled
+
+
+def test_private_attributes_are_not_offered_as_calls():
+    with pytest.raises(AttributeError):
+        LocalHandle(FakeServer())._batched  # noqa: B018
+
+
+def test_reconfigure_applies_per_arm_and_refuses_an_unknown_arm_before_changing_any():
+    servers = {"baseline": FakeServer(), "optimized": FakeServer()}
+    handles = {arm: LocalHandle(server) for arm, server in servers.items()}
+    reconfigure(handles, {"optimized": {"fault_error": True}})
+    assert servers["optimized"].configured == [{"fault_error": True}]
+    assert servers["baseline"].configured == []
+    with pytest.raises(ValueError, match="unknown arms \\['canary'\\]"):
+        reconfigure(handles, {"baseline": {"fault_delay_ms": 5}, "canary": {}})
+    assert servers["baseline"].configured == []
+
+
+def _deployments(app) -> dict[str, object]:
+    """Every deployment bound into a Serve application, by name."""
+    found, todo = {}, [app]
+    while todo:
+        deployment = todo.pop()._bound_deployment
+        found[deployment.name] = deployment
+        todo.extend(arg for arg in (*deployment.init_args, *deployment.init_kwargs.values())
+                    if hasattr(arg, "_bound_deployment"))
+    return found
+
+
+def test_the_remote_topology_binds_a_model_deployment_per_arm():
+    from serve.config import build
+
+    deployments = _deployments(build(Settings(topology="remote"), {"optimized": {"x": 1}}))
+    assert set(deployments) == {"gateway", "baseline", "optimized", "ramp-controller"}
+    assert deployments["optimized"].user_config["x"] == 1
+    assert deployments["gateway"].user_config is None
+
+
+def test_the_colocated_topology_puts_both_arms_in_the_gateway_with_their_cpus():
+    from serve.config import build
+
+    settings = Settings(topology="colocated", gateway_num_cpus=0.25, model_num_cpus=0.5,
+                        max_batch_size=12)
+    deployments = _deployments(build(settings, {"optimized": {"fault_error": True}}))
+    assert set(deployments) == {"gateway", "ramp-controller"}
+    gateway = deployments["gateway"]
+    assert gateway.ray_actor_options["num_cpus"] == pytest.approx(1.25)
+    arms = gateway.user_config["arms"]
+    assert arms["optimized"] == {"max_batch_size": 12, "batch_wait_ms": 5.0, "fault_error": True}
+    assert arms["baseline"] == {"max_batch_size": 12, "batch_wait_ms": 5.0}
+
+
+def test_an_unknown_topology_is_refused_with_the_choices():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="colocated"):
+        Settings(topology="sidecar")
+
+
+@pytest.fixture
+def two_servers(tmp_path_factory):
+    """Both arms' model servers in this one process, as a colocated gateway holds them (new
+    ones for each test: a batch queue belongs to the event loop of its first call).
+    Serve's batch queue warns at creation when its size passes the replica's
+    `max_ongoing_requests`, read from the replica's context: there is none outside Serve."""
+    from ray.serve.batching import _BatchQueue
+
+    from serve.model import ModelServer
+    from tests.tiny_model import make_tiny_encoder
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(_BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
+                  lambda self: None)
+
+    settings = Settings(model_path=str(make_tiny_encoder(tmp_path_factory.mktemp("enc"))),
+                        optimized_recipe="bf16", torch_threads=1, telemetry_enabled=False,
+                        max_batch_size=8)
+    servers = {arm: ModelServer.func_or_class(settings, arm) for arm in ("baseline", "optimized")}
+    for server in servers.values():
+        server.reconfigure({"max_batch_size": 8, "batch_wait_ms": 20})
+    yield servers
+    patch.undo()
+
+
+def test_two_servers_in_one_process_batch_apart(two_servers):
+    """Each server has a batch queue of its own: concurrent requests for both arms are
+    answered by their own arm, in batches of their own arm's requests only."""
+    handles = {arm: LocalHandle(server) for arm, server in two_servers.items()}
+
+    async def scenario():
+        calls = [handles[arm].predict.remote([f"{arm} text {i}"], "classify")
+                 for i in range(4) for arm in ("baseline", "optimized")]
+        return await asyncio.gather(*calls)
+
+    answers = asyncio.run(scenario())
+    assert [a.arm for a in answers] == ["baseline", "optimized"] * 4
+    assert {a.model_version.split("-")[0] for a in answers if a.arm == "optimized"} == {"bf16"}
+    assert max(a.batch.requests for a in answers) <= 4  # never the other arm's requests
+    assert sum(a.batch.requests > 1 for a in answers) > 0  # but batched with their own
+
+
+def test_live_batching_limits_apply_to_one_server_only(two_servers):
+    two_servers["baseline"].reconfigure({"max_batch_size": 1, "batch_wait_ms": 20})
+    handles = {arm: LocalHandle(server) for arm, server in two_servers.items()}
+
+    async def scenario():
+        calls = [handles[arm].predict.remote([f"text {i}"], "classify")
+                 for i in range(4) for arm in ("baseline", "optimized")]
+        return await asyncio.gather(*calls)
+
+    answers = asyncio.run(scenario())
+    assert {a.batch.requests for a in answers if a.arm == "baseline"} == {1}
+    assert max(a.batch.requests for a in answers if a.arm == "optimized") > 1
+
+
+def test_live_settings_for_an_unknown_arm_are_refused_in_either_topology():
+    from serve.config import build
+
+    for topology in ("remote", "colocated"):
+        with pytest.raises(ValueError, match="unknown arms \\['canary'\\]"):
+            build(Settings(topology=topology), {"canary": {"fault_error": True}})
