@@ -2,7 +2,7 @@
 # Installs what is missing, and nothing twice: Debian's redis-server (and chromium and
 # prometheus for the tests: `ops/setup.sh --tests`), a virtualenv in .venv with
 # PyTorch 2.13.0 (the CPU build this machine keeps on disk; never a CUDA build) and this project
-# with its test extras. Re-running it is cheap: it reinstalls only when pyproject.toml changed.
+# with its test extras (and, with `--tests`, its `peers` extra). Re-running it is cheap: it reinstalls only when pyproject.toml changed.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -62,12 +62,16 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 
+# with `--tests`, the `peers` extra too: LitServe, which tests/integration/test_bench_peers.py
+# starts (Infinity, the other peer, has a virtualenv of its own: docs/benchmarks.md)
+extras=test
+if [ "${1:-}" = "--tests" ]; then extras=test,peers; fi
 stamp=.venv/.canary-installed
-want=$(sha256sum pyproject.toml | cut -c1-16)
+want="$(sha256sum pyproject.toml | cut -c1-16) $extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages into .venv (first run takes a minute)" >&2
   .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
   .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
   echo "$want" > "$stamp"
 fi

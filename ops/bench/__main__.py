@@ -6,6 +6,7 @@ gateway end to end per arm and concurrency, side by side in one run.
     python -m ops.bench --url http://127.0.0.1:8000 --yes   # a running gateway (loopback only)
     python -m ops.bench --plain --inputs-per-request 1,8  # against plain Ray Serve, 2 sizes
     python -m ops.bench --protocol native,openai,oip --inputs-per-request 8  # the front doors
+    python -m ops.bench --peer litserve,infinity --plain --workload short --inputs-per-request 1,8
 
 Without `--url` it starts the application itself on a local Ray Serve (the settings of the
 environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis unless
@@ -22,6 +23,29 @@ per request size, concurrency and arm, with each side's refused share (ops.bench
 `--protocol` also measures the front doors (serve.protocols) on the baseline arm, cell by cell,
 and prints each one's texts/s against the native route's (ops.bench.front_doors).
 
+`--peer litserve,infinity` also measures the same model folder behind other servers, started
+here as subprocesses on loopback and stopped at the end (ops.bench.peers): LitServe (fp32
+torch, its documented batching: 16 requests or 5 ms), Infinity's torch engine (fp32, batch 32)
+and its ONNX engine on the folder laid out as the model's hub repository ships it, serving
+`onnx/model_qint8_avx512_vnni.onnx` (built once from the packaged weights, cached under
+~/.cache/canary-gateway/peers). `infinity-torch` or `infinity-onnx` names one engine. Cell by
+cell (plain Serve, each peer, each arm) with the same load generator, task `embed` (the default
+with `--peer`; another task is refused), it prints gateway ÷ the fastest peer per cell: the
+fp32 peers (and plain Serve) for baseline, Infinity's int8 engine and the fastest fp32 peer for
+optimized (ops.bench.peers.ratio). LitServe comes from the `peers` extra (`pip install -e
+'.[peers]'`), Infinity from a virtualenv of its own (`--infinity-venv`, default
+~/.cache/canary-gateway/peers/infinity-0.0.78); without them it says exactly how to install
+them and exits 2.
+
+`--workload short` sends generated texts of 12 tokens each (padding decides nothing, the cost of
+a request decides everything); `mixed`, the default, the regression set's texts, 1-256 tokens
+(ops.bench.workload).
+
+Every cell also reports the CPU ms per request of each process on its path (HAProxy, Serve's
+proxy, each gateway and model replica, plain Serve's replica, each peer's processes, the load
+client), read from /proc at the edges of the measured seconds, and what the gateway adds beyond
+its model replicas; with the colocated topology, the total per process (ops.bench.cpu).
+
 Writes bench.json, bench.md and bench.png into `--out`, prints the markdown table and names
 the bottleneck stage. Exit codes: 0 done, 1 some requests failed (see `failed`), 2 bad input or
 an unreachable gateway / Redis.
@@ -35,12 +59,11 @@ import gc
 import os
 import platform
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.bench import endtoend, front_doors, pipeline, report, target
+from ops.bench import cells, endtoend, front_doors, peers, pipeline, report, target, workload
 from ops.bench.endtoend import BenchError
+from ops.bench.peers.infinity_peer import venv as infinity_venv
 from ops.cli.types import key_value, positive_ints
 from ops.load.processes import rss_mib
 from serve import ray_env
@@ -59,11 +82,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="settings", type=key_value, action="append", default=[],
                    metavar="KEY=VALUE", help="a setting by field name, e.g. max_batch_size=32 "
                    "(repeatable; the local app and the in-process variants use it)")
-    p.add_argument("--texts", help="JSONL regression-set file whose texts make the workload "
-                   "(default: the shipped set)")
-    p.add_argument("--inputs", type=int, default=128,
-                   help="texts in the workload, evenly spaced over the set (default 128)")
-    p.add_argument("--task", choices=("classify", "embed"), default="classify")
+    _workload_options(p)
     p.add_argument("--batch-sizes", type=positive_ints, default=[1, 8, 16, 32],
                    help="in-process batch sizes (default 1,8,16,32)")
     p.add_argument("--rounds", type=int, default=3, help="in-process passes per arm and batch")
@@ -83,19 +102,42 @@ def parser() -> argparse.ArgumentParser:
                    help="bound of the speedup at equal p99 (default: baseline p99 at saturation)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process part")
     p.add_argument("--no-gateway", action="store_true", help="skip the end-to-end part")
-    p.add_argument("--plain", action="store_true",
-                   help="also measure a plain Ray Serve deployment of the same model, in the "
-                   "same run with the same load generator, and print gateway ÷ plain per cell "
-                   "(local app only)")
-    p.add_argument("--protocol", help="front doors to measure on baseline, comma-separated: "
-                   f"{', '.join(front_doors.PROTOCOLS)} (with their variants: openai-base64, "
-                   "oip-binary); each cell's figures beside the native route's")
+    _beside_options(p)
     p.add_argument("--out", default="bench-results", help="folder for bench.json/.md/.png")
     p.add_argument("--no-chart", action="store_true", help="no PNG (matplotlib not needed)")
     p.add_argument("--render", metavar="JSON", help="measure nothing: write bench.md and "
                    "bench.png into --out from an earlier bench.json (e.g. one from the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
+
+
+def _workload_options(p: argparse.ArgumentParser) -> None:
+    """What the requests carry: the texts and the task."""
+    p.add_argument("--workload", choices=workload.WORKLOADS, default="mixed",
+                   help="mixed: the regression set's texts (1-256 tokens); short: generated "
+                   "texts of 12 tokens each (default mixed)")
+    p.add_argument("--texts", help="JSONL regression-set file whose texts make the mixed "
+                   "workload (default: the shipped set)")
+    p.add_argument("--inputs", type=int, default=128,
+                   help="texts in the workload, evenly spaced over the set (default 128)")
+    p.add_argument("--task", choices=("classify", "embed"),
+                   help="default classify, embed with --peer (the peers embed only)")
+
+
+def _beside_options(p: argparse.ArgumentParser) -> None:
+    """What else is measured beside the gateway in the same run."""
+    p.add_argument("--plain", action="store_true",
+                   help="also measure a plain Ray Serve deployment of the same model, in the "
+                   "same run with the same load generator, and print gateway ÷ plain per cell "
+                   "(local app only)")
+    p.add_argument("--peer", help="also measure the model behind peer servers, comma-separated: "
+                   f"{', '.join([*peers.registry.FAMILIES, *peers.PEERS])} (local app only)")
+    p.add_argument("--infinity-venv", type=Path, default=None,
+                   help="the virtualenv Infinity runs from (default "
+                   "~/.cache/canary-gateway/peers/infinity-0.0.78)")
+    p.add_argument("--protocol", help="front doors to measure on baseline, comma-separated: "
+                   f"{', '.join(front_doors.PROTOCOLS)} (with their variants: openai-base64, "
+                   "oip-binary); each cell's figures beside the native route's")
 
 
 def _checked(args, p: argparse.ArgumentParser) -> None:
@@ -111,12 +153,34 @@ def _checked(args, p: argparse.ArgumentParser) -> None:
         p.error("--url changes that gateway's rollout state (restored afterwards): pass --yes")
     if args.plain and (args.url or args.no_gateway):
         p.error("--plain deploys beside the local app: drop --url and --no-gateway")
+    _checked_peers(args, p)
     if args.protocol is not None:
         args.protocol = [x.strip() for x in args.protocol.split(",") if x.strip()]
         if not args.protocol or set(args.protocol) - set(front_doors.PROTOCOLS) \
                 or args.no_gateway:
             p.error(f"--protocol: a comma list of {', '.join(front_doors.PROTOCOLS)}, "
                     "without --no-gateway")
+
+
+def _checked_peers(args, p: argparse.ArgumentParser) -> None:
+    """`--peer` names known peers, runs beside the local app, on task embed; `--texts` makes
+    the mixed workload only."""
+    if args.texts and args.workload == "short":
+        p.error("--texts makes the mixed workload: drop it or --workload short")
+    if args.peer is None:
+        args.task = args.task or "classify"
+        return
+    try:
+        args.peer = peers.expand(args.peer)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.url or args.no_gateway:
+        p.error("--peer measures beside the local app: drop --url and --no-gateway")
+    if args.task not in (None, "embed"):
+        p.error(f"--peer: the peer servers embed only; drop --task {args.task} or use "
+                "--task embed")
+    args.task = "embed"
+    args.infinity_venv = args.infinity_venv or infinity_venv()
 
 
 def _settings(args):
@@ -136,17 +200,6 @@ def _settings(args):
         raise BenchError(f"bad setting: {first['loc']}: {first['msg']}") from None
 
 
-def _texts(args) -> list[str]:
-    from serve.regression import RegressionSetError, load_set
-
-    try:
-        texts = load_set(args.texts).texts
-    except RegressionSetError as exc:
-        raise BenchError(str(exc)) from None
-    step = max(1, len(texts) // args.inputs)
-    return texts[::step][: args.inputs]
-
-
 def _hardware() -> str:
     import torch
 
@@ -163,27 +216,38 @@ def _hardware() -> str:
     return found
 
 
-def run(args, say) -> dict:
-    import torch
+def _preflight(args, settings) -> str | None:
+    """The gateway's URL (None: a local app), once the model folder, the peers and the gateway
+    given by URL are found; a BenchError before anything starts otherwise."""
+    from serve.variants import model_dir
 
-    from serve.variants import Variant, model_dir
-
-    settings = _settings(args)
     try:
         model_dir(settings)
     except (FileNotFoundError, ImportError) as exc:
         raise BenchError(f"no model: {exc}") from None
+    if args.peer:
+        peers.check(args.peer, args.infinity_venv)
     url = target.loopback_url(args.url) if args.url else None
     if url and not args.no_gateway:
         endtoend.check_reachable(url)
-    texts = _texts(args)
+    return url
+
+
+def run(args, say) -> dict:
+    import torch
+
+    from serve.variants import Variant
+
+    settings = _settings(args)
+    url = _preflight(args, settings)
+    texts = workload.texts(args.workload, args.inputs, args.texts)
     result: dict = {"meta": {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "hardware": _hardware(), "torch": torch.__version__,
         "model": settings.model_path or "all-MiniLM-L6-v2 (packaged)",
         "inputs": len(texts), "inputs_per_request": args.inputs_per_request[0],
-        "request_sizes": args.inputs_per_request, "task": args.task,
-        "plain": _plain_meta() if args.plain else None,
+        "request_sizes": args.inputs_per_request, "task": args.task, "workload": args.workload,
+        "plain": _plain_meta() if args.plain else None, "peers": _peers_meta(args),
         "max_batch_size": settings.max_batch_size, "batch_wait_ms": settings.batch_wait_ms,
         "replica_threads": settings.threads_per_model(), "inprocess_threads": None,
         "mode": "url" if url else "local app",
@@ -205,10 +269,12 @@ def run(args, say) -> dict:
         del variants
         gc.collect()
     if not args.no_gateway:
-        measured = _gateway(args, settings, url, texts, say)
+        measured = cells.measure(args, settings, url, texts, say)
         result["gateway"], result["memory"]["serve"] = measured.arms, measured.memory
         if args.plain:
             result["plain"] = measured.plain
+        if args.peer:
+            result["peers"] = measured.peers
         result.update(_door_results(args, measured))
     result["summary"] = report.derive(result, p99_bound_ms=args.p99_bound_ms)
     return result
@@ -222,90 +288,12 @@ def _door_results(args, measured) -> dict:
         front_doors.doors(args.protocol, "m"), args.inputs_per_request[0])}
 
 
-@dataclass
-class Measured:
-    """The end-to-end part: levels per arm and of the plain deployment, and the peak RSS (MiB)
-    of the serve processes."""
-
-    arms: dict[str, list[dict]]
-    plain: list[dict] = field(default_factory=list)
-    protocols: list[dict] = field(default_factory=list)  # --protocol: ops.bench.front_doors
-    memory: dict[str, float] = field(default_factory=dict)
-
-
-def _gateway(args, settings, url, texts, say) -> Measured:
-    if url:
-        return _levels(args, settings, url, texts, say)
-    with target.redis_for(settings.redis_url if (args.redis_url or os.environ.get("REDIS_URL"))
-                          else None) as redis_url:
-        local = settings.model_copy(update={"redis_url": redis_url})
-        say("starting the local app (Ray Serve)")
-        with target.local_app(local) as local_url:
-            if not args.plain:
-                return _levels(args, local, local_url, texts, say, app=target.APP)
-            from ops.bench import plain
-
-            say("deploying plain Ray Serve beside it")
-            with plain.deployed(local, local_url) as plain_url:
-                return _levels(args, local, local_url, texts, say, app=target.APP,
-                               plain_url=plain_url)
-
-
-def _levels(args, settings, url, texts, say, app=None, plain_url=None) -> Measured:
-    """Every cell in `target.order`, arms forced through the audited path and restored."""
-    switch = target.ArmSwitch(settings, url)
-    measured = Measured({arm: [] for arm in args.arms})
-    steps = target.order(args.arms, args.inputs_per_request, args.concurrency,
-                         plain=plain_url is not None)
-    try:
-        for who, size, c in steps:
-            if who == target.PLAIN:
-                level = _cell(args, plain_url, texts, c, size, target.PLAIN)
-                measured.plain.append(level)
-            else:
-                switch.force(who)
-                level = _cell(args, url, texts, c, size, app)
-                measured.arms[who].append(level)
-            say(f"{who if who == target.PLAIN else f'gateway {who}'} c={c}, {size} text(s) "
-                f"per request: {level['rps']:.1f} req/s, p50 {level['p50_ms']} ms, p99 "
-                f"{level['p99_ms']} ms, answered by {level['arms']}, failed {level['failed']} "
-                f"of {level['sent']}")
-            for name in (app, target.PLAIN) if plain_url else (app,):
-                for process, mib in target.process_memory(name).items():
-                    measured.memory[process] = max(mib, measured.memory.get(process, 0.0))
-        if args.protocol:
-            measured.protocols = _front_doors(args, switch, url, texts, say, app)
-    finally:
-        switch.restore()
-    return measured
-
-
-def _front_doors(args, switch, url: str, texts: list[str], say, app: str | None) -> list[dict]:
-    """`--protocol`: every door asked for, on baseline, in each cell (ops.bench.front_doors)."""
-    switch.force("baseline")
-    named = front_doors.doors(args.protocol, front_doors.served_model(url))
-    cells = [(size, c) for size in args.inputs_per_request for c in args.concurrency]
-    return front_doors.measure(
-        cells, named, lambda c, size, door: _cell(args, url, texts, c, size, app, door), say)
-
-
-def _cell(args, url: str, texts: list[str], concurrency: int, size: int,
-          app: str | None, door: endtoend.Door | None = None) -> dict:
-    """One level on `url`, with the CPU per answered request of `app`'s replicas and of this
-    process (the load generator)."""
-    used, began = target.replica_cpu_s(app), time.monotonic()
-    client = time.process_time()
-    level = endtoend.load(url, texts, concurrency, seconds=args.seconds, warmup=args.warmup,
-                          per_request=size, task=args.task, timeout=args.timeout, door=door)
-    spent, elapsed = target.replica_cpu_s(app), time.monotonic() - began
-    # CPU per second of load (warm-up included) / requests per second measured
-    level["cpu_ms_per_request"] = {
-        name: round((spent[name] - used.get(name, 0.0)) / elapsed * 1000 / level["rps"], 3)
-        for name in spent if level["rps"]}
-    if level["rps"]:
-        level["client_cpu_ms_per_request"] = round(
-            (time.process_time() - client) / elapsed * 1000 / level["rps"], 3)
-    return level
+def _peers_meta(args) -> dict | None:
+    """Each peer's server and recipe (`--peer`)."""
+    if not args.peer:
+        return None
+    return {name: {"server": peers.PEERS[name].server, "recipe": peers.PEERS[name].recipe}
+            for name in args.peer}
 
 
 def _plain_meta() -> dict:
@@ -362,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({neck['per_request_ms']} ms per request; queue p50 {neck['queue_p50_ms']} ms)")
     say(f"wrote {out}/bench.json, bench.md" + ("" if args.no_chart else ", bench.png"))
     failed = any(lv["failed"] for levels in [*(result.get("gateway") or {}).values(),
+                                             *(result.get("peers") or {}).values(),
                                              result.get("plain") or []] for lv in levels)
     return 1 if failed else 0
 

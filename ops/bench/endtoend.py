@@ -17,7 +17,9 @@ of the failures, so `failed` / `sent` is the exact share not answered), requests
 second, p50 / p95 / p99 client latency (nearest rank), the mean of each `Server-Timing` stage,
 the distribution of batch sizes (in requests) the answers rode in, queue wait p50 / p99, and
 `http_ms`: client latency minus the gateway's `total` (proxy, HTTP and the client itself). The
-same generator drives the plain Ray Serve deployment of `--plain` (no `Server-Timing` there).
+same generator drives the plain Ray Serve deployment of `--plain` and the peer servers of
+`--peer` (no `Server-Timing` there). A `probe` (ops.bench.cpu) is read when the measured
+window starts and after its last answer, so its CPU figures cover the same window.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import json
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import httpx
 
@@ -42,6 +44,14 @@ class Door(NamedTuple):
 
     path: str
     body: Callable[[list[str]], dict]
+
+
+class Probe(Protocol):
+    """What is read at the edges of a level's measured window (ops.bench.cpu.Probe)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class BenchError(Exception):
@@ -60,7 +70,8 @@ def check_reachable(url: str, timeout: float = 5.0) -> None:
 
 
 async def _level(url: str, texts: list[str], concurrency: int, seconds: float, warmup: float,
-                 per_request: int, task: str, timeout: float, door: Door | None) -> dict:
+                 per_request: int, task: str, timeout: float, door: Door | None,
+                 probe: Probe | None) -> dict:
     sender = Sender(url, timeout_s=timeout, connections=concurrency,
                     path=door.path if door else "/v1/predict",
                     capture=("retry-after", "server-timing", "x-canary-arm"))
@@ -76,10 +87,14 @@ async def _level(url: str, texts: list[str], concurrency: int, seconds: float, w
 
     shots: list[Shot] = []
     try:
+        if probe:  # the measured window starts when the warm-up ends (closed_loop)
+            asyncio.get_running_loop().call_later(warmup, probe.start)
         offered = await closed_loop(lambda n: sender(body(n), f"bench-{n}", per_request), shots,
                                     concurrency=concurrency, duration_s=seconds,
                                     warmup_s=warmup)
         window = max(await drain(offered), 1e-9)
+        if probe:
+            probe.stop()
     finally:
         await sender.aclose()
     samples = [_sample(shot) for shot in shots if shot.status == 200]
@@ -126,8 +141,9 @@ def summarize(samples, failures: Counter, *, concurrency: int, window: float,
 
 def load(url: str, texts: list[str], concurrency: int, *, seconds: float, warmup: float = 1.0,
          per_request: int = 1, task: str = "classify", timeout: float = 30.0,
-         door: Door | None = None) -> dict:
+         door: Door | None = None, probe: Probe | None = None) -> dict:
     """One concurrency level (see the module docstring); `door`: another route and body
-    than the native `POST /v1/predict` (`--protocol`: ops.bench.front_doors)."""
+    than the native `POST /v1/predict` (`--protocol`: ops.bench.front_doors, a peer server);
+    `probe`: started and stopped at the measured window's edges."""
     return asyncio.run(_level(url, texts, concurrency, seconds, warmup, per_request, task,
-                              timeout, door))
+                              timeout, door, probe))

@@ -17,7 +17,11 @@ Derived figures (per arm unless said otherwise):
   p99 bound (the best throughput of each arm over the levels whose p99 is within the bound;
   the bound defaults to the baseline's p99 at its saturation);
 - *gateway ÷ plain* per request size, concurrency and arm, with each side's refused share, when
-  the run also measured a plain Ray Serve deployment of the same model (ops.bench.anchor).
+  the run also measured a plain Ray Serve deployment of the same model (ops.bench.anchor);
+- *gateway ÷ the fastest peer* per cell, when the run also measured peer servers
+  (ops.bench.peers.ratio);
+- *CPU per request* of each process on a cell's path, and what the gateway adds beyond its
+  model replicas (ops.bench.cpu).
 
 A run that sweeps request sizes (`--inputs-per-request 1,8`) derives the per-arm figures above
 from its first size, the one `meta.inputs_per_request` names; the tables show every size.
@@ -29,6 +33,7 @@ import json
 from pathlib import Path
 
 from ops.bench import anchor
+from ops.bench.peers import ratio
 
 ARMS = ("baseline", "optimized")
 PLAIN = "plain"  # the plain deployment's rows in the tables
@@ -114,6 +119,8 @@ def derive(result: dict, *, p99_bound_ms: float | None = None) -> dict:
         summary["speedup"]["at_p99_bound"] = {
             "bound_ms": bound, **best, "ratio": _ratio(best["optimized"], best["baseline"])}
     summary["versus_plain"] = anchor.compare(result)
+    summary["versus_peers"] = ratio.compare(result)
+    summary["versus_peers_geomeans"] = ratio.geomeans(summary["versus_peers"])
     return summary
 
 
@@ -145,16 +152,19 @@ def _size_cell(meta: dict, level: dict) -> str:
 
 
 def _end_to_end(result: dict) -> list[tuple[str, dict]]:
-    """(arm or PLAIN, level) of every end-to-end level: each arm's, then the plain ones."""
+    """(arm, PLAIN or peer name, level) of every end-to-end level: each arm's, then the plain
+    ones, then each peer's."""
     return ([(arm, lv) for arm, levels in (result.get("gateway") or {}).items() for lv in levels]
-            + [(PLAIN, lv) for lv in result.get("plain") or []])
+            + [(PLAIN, lv) for lv in result.get("plain") or []]
+            + [(name, lv) for name, levels in (result.get("peers") or {}).items()
+               for lv in levels])
 
 
 def markdown(result: dict) -> str:
     """The report: every table of the run, the comparison with plain Ray Serve last."""
     out = _header(result["meta"])
     for part in (_inprocess_table, _end_to_end_table, _summary_table, _speedup_line,
-                 _cpu_table, _memory_line, _versus_plain_table):
+                 _cpu_table, _memory_line, _versus_plain_table, ratio.table):
         out += part(result)
     return "\n".join(out) + "\n"
 
@@ -165,6 +175,7 @@ def _header(meta: dict) -> list[str]:
                    f"{', '.join(map(str, sizes))} inputs per request (the per-arm figures: "
                    f"{sizes[0]})")
     return [f"Run {meta['date']} on {meta['hardware']}; model `{meta['model']}`, "
+            f"workload {meta.get('workload', 'mixed')}, task {meta.get('task', 'classify')}, "
             f"{per_request}, max_batch_size "
             f"{meta['max_batch_size']}, batch_wait_ms {meta['batch_wait_ms']}, torch threads "
             f"{meta['replica_threads']} per model replica and {meta['inprocess_threads']} in "
@@ -193,7 +204,9 @@ def _end_to_end_table(result: dict) -> list[str]:
     swept = len(_sizes(meta)) > 1
     out = ["Gateway end to end (closed loop over loopback HTTP; stage means from "
            "`Server-Timing`" + ("; `plain`: plain Ray Serve, no `Server-Timing`" if
-                                result.get("plain") else "") + "):", "",
+                                result.get("plain") else "")
+           + ("; the peer servers send no `Server-Timing`" if result.get("peers") else "")
+           + "):", "",
            "| arm | conc. |" + (" texts/req |" if swept else "") + " req/s | inputs/s | p50 ms "
            "| p95 ms | p99 ms | preprocess | queue | model | postprocess | gateway | http "
            "| mean batch | queue p99 | failed |",
@@ -238,22 +251,41 @@ def _speedup_line(result: dict) -> list[str]:
 
 
 def _cpu_table(result: dict) -> list[str]:
+    """CPU ms per answered request, by role, of every level that measured it (ops.bench.cpu)."""
     meta = result["meta"]
-    cpu = [(who, lv) for who, lv in _end_to_end(result) if lv.get("cpu_ms_per_request")]
+    cpu = [(who, lv) for who, lv in _end_to_end(result) if lv.get("cpu")]
     if not cpu:
         return []
     swept = len(_sizes(meta)) > 1
-    names = sorted({n for _, lv in cpu for n in lv["cpu_ms_per_request"]})
-    return ["", "CPU per answered request (ms; replicas from /proc, local app only; the "
-            "load generator is the benchmark process, on the same cores; the proxy is not "
-            "included):", "",
-            "| arm | conc. |" + (" texts/req |" if swept else "") + " " + " | ".join(names)
-            + " | load generator |",
-            "| --- " * (len(names) + 3 + swept) + "|"] + [
-        f"| {who} | {lv['concurrency']} |{_size_cell(meta, lv)} "
-        + " | ".join(_f(lv["cpu_ms_per_request"].get(n), 2) for n in names)
-        + f" | {_f(lv.get('client_cpu_ms_per_request'), 2)} |"
-        for who, lv in cpu]
+    topology = {lv["cpu"]["topology"] for _, lv in cpu if lv["cpu"].get("topology")}
+    out = ["", "CPU ms per answered request, each process on the cell's path (user + system "
+           "from /proc over the measured window; replicas of one deployment summed; the load "
+           "client is the benchmark process, on the same cores); added: the gateway path's "
+           "total minus its model replicas'" + (
+               f"; gateway topology {', '.join(sorted(topology))}" if topology else "")
+           + (" (colocated: both models in the gateway replicas, so the total per process "
+              "only)" if "colocated" in topology else "") + ":", "",
+           "| side | conc. |" + (" texts/req |" if swept else "")
+           + " per process (ms / request; by pid where several) | server total | added "
+           "| load client |",
+           "| --- " * (6 + swept) + "|"]
+    for who, lv in cpu:
+        c = lv["cpu"]
+        parts = ", ".join(f"{role} {ms:.2f}{_each_process(c, role)}"
+                          for role, ms in c["roles"].items() if role != "client")
+        out.append(f"| {who} | {lv['concurrency']} |{_size_cell(meta, lv)} {parts or '–'} | "
+                   f"{_f(c['server_ms'], 2)} | {_f(c.get('added_ms'), 2)} | "
+                   f"{_f(c.get('client_ms'), 2)} |")
+    return out
+
+
+def _each_process(cpu: dict, role: str) -> str:
+    """` (pid ms, ...)` of a role that more than one process spent CPU in, else nothing."""
+    spent = [p for p in cpu.get("processes", ()) if p["role"] == role and p["ms_per_request"]]
+    if len(spent) < 2:
+        return ""
+    return " (" + ", ".join(f"{p['pid']}: {p['ms_per_request']:.2f}"
+                            for p in sorted(spent, key=lambda p: -p["ms_per_request"])) + ")"
 
 
 def _memory_line(result: dict) -> list[str]:
@@ -306,14 +338,17 @@ def chart(result: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=90)
     colors = {"baseline": "tab:blue", "optimized": "tab:orange", PLAIN: "tab:gray"}
+    others = iter(("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"))
     size = result["meta"]["inputs_per_request"]
     curves = {**(result.get("gateway") or {}), **({PLAIN: result["plain"]}
-                                                  if result.get("plain") else {})}
+                                                  if result.get("plain") else {}),
+              **(result.get("peers") or {})}
     for arm, levels in curves.items():
         levels = [lv for lv in _sized(levels, size) if lv["ok"]]
         x = [lv["inputs_per_s"] for lv in levels]
-        ax.plot(x, [lv["p50_ms"] for lv in levels], "o-", color=colors[arm], label=f"{arm} p50")
-        ax.plot(x, [lv["p99_ms"] for lv in levels], "s--", color=colors[arm], label=f"{arm} p99")
+        color = colors.get(arm) or colors.setdefault(arm, next(others, "black"))
+        ax.plot(x, [lv["p50_ms"] for lv in levels], "o-", color=color, label=f"{arm} p50")
+        ax.plot(x, [lv["p99_ms"] for lv in levels], "s--", color=color, label=f"{arm} p99")
         for lv in levels:
             ax.annotate(f"c={lv['concurrency']}", (lv["inputs_per_s"], lv["p99_ms"]),
                         textcoords="offset points", xytext=(3, 4), fontsize=7)

@@ -1,6 +1,7 @@
 """What the end-to-end part drives: a gateway given by URL, or a local app this process starts,
-the arm every request goes to, and the order of the cells (`order`: with `--plain`, each cell
-also on a plain Ray Serve deployment of the same model, ops.bench.plain).
+the arm every request goes to, and the order of the cells (`order`: with `--plain` and
+`--peer`, each cell also on a plain Ray Serve deployment of the same model, ops.bench.plain,
+and on each peer server, ops.bench.peers).
 
 Arms are forced through the audited path (actor `bench`): the canary share is set to 0 % for
 `baseline` or 100 % for `optimized` with the kill switch off, the gateway's cached state is
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 import httpx
 
 from ops.bench.endtoend import BenchError
-from ops.load.processes import REPLICA_TITLE, cpu_seconds, rss_mib, titled
+from ops.load.processes import REPLICA_TITLE, rss_mib, titled
 from rollout import BUCKETS, Rollout, RolloutError, Settings, open_store
 from serve.ray_env import free_port
 
@@ -31,19 +32,20 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PLAIN = "plain"  # the plain Ray Serve deployment (ops.bench.plain) as a step's target
 
 
-def order(arms: list[str], sizes: list[int], concurrency: list[int], *, plain: bool = False
-          ) -> list[tuple[str, int, int]]:
+def order(arms: list[str], sizes: list[int], concurrency: list[int], *, plain: bool = False,
+          peers: tuple[str, ...] | list[str] = ()) -> list[tuple[str, int, int]]:
     """The cells to measure, in order, as (target, texts per request, concurrency); a target is
-    an arm or `PLAIN`.
+    an arm, `PLAIN` or a peer server's name (ops.bench.peers).
 
-    Without the plain deployment: arm by arm, so an arm is forced once (few audited changes
-    on a gateway given by URL). With it: cell by cell, the plain deployment first, then each
-    arm, so whatever else loads a shared machine meanwhile falls on both sides of each ratio
-    alike; an arm is then forced in every cell."""
+    Without the plain deployment or peers: arm by arm, so an arm is forced once (few audited
+    changes on a gateway given by URL). With them: cell by cell, the plain deployment first,
+    then each peer, then each arm, so whatever else loads a shared machine meanwhile falls on
+    every side of each ratio alike; an arm is then forced in every cell."""
     cells = [(size, c) for size in sizes for c in concurrency]
-    if not plain:
+    if not plain and not peers:
         return [(arm, size, c) for arm in arms for size, c in cells]
-    return [(who, size, c) for size, c in cells for who in (PLAIN, *arms)]
+    sides = (*((PLAIN,) if plain else ()), *peers, *arms)
+    return [(who, size, c) for size, c in cells for who in sides]
 
 
 def loopback_url(url: str) -> str:
@@ -163,16 +165,3 @@ def process_memory(app: str | None) -> dict[str, float]:
         if value is not None:
             found[f"{name}[{pid}]"] = round(value, 1)
     return found
-
-
-def replica_cpu_s(app: str | None) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by each deployment's replicas of application
-    `app` on this machine, by deployment name: what a request costs, measured in a way other
-    load on a shared machine barely disturbs. Empty without `app` (a gateway given by URL)."""
-    if not app:
-        return {}
-    prefix = f"{REPLICA_TITLE}{app}:"
-    found: dict[str, list[int]] = {}
-    for pid, name in titled(prefix).items():
-        found.setdefault(name[len(prefix):].split(".")[0], []).append(pid)
-    return {deployment: cpu_seconds(pids) for deployment, pids in found.items()}

@@ -59,6 +59,43 @@ def stat_fields(stat: str) -> list[str]:
     return stat[stat.rindex(")") + 1:].split()
 
 
+def descendants(root: int, proc: Path = PROC) -> dict[int, str]:
+    """The processes started under `root` (children, theirs, and so on), `root` excluded, with
+    their command lines (arguments joined by spaces). Read from each process's parent in
+    /proc/PID/stat; a process that ends meanwhile is left out."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = [entry for entry in proc.iterdir() if entry.name.isdigit()]
+    except OSError:
+        return {}
+    for entry in entries:
+        try:
+            parent = int(stat_fields((entry / "stat").read_text())[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, todo = {}, list(parents.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        try:
+            found[pid] = (proc / str(pid) / "cmdline").read_bytes().rstrip(b"\0").replace(
+                b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        todo.extend(parents.get(pid, ()))
+    return found
+
+
+def process_cpu_s(pid: int, proc: Path = PROC) -> float | None:
+    """User plus system CPU time of `pid` so far (all its threads; its children's not), None
+    when it is gone."""
+    try:
+        fields = stat_fields((proc / str(pid) / "stat").read_text())
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User plus system CPU time of the processes so far (those gone count nothing)."""
     ticks = 0

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from ops.bench import __main__ as bench
-from ops.bench import endtoend, report
+from ops.bench import cpu, endtoend, report
 from tests.servers import free_port
 from tests.tiny_model import make_tiny_encoder
 
@@ -79,15 +79,16 @@ def test_report_derives_efficiency_latency_bottleneck_and_chart(inprocess, tmp_p
     result["meta"]["ray_env"] = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
                                  "RAY_SERVE_ENABLE_HA_PROXY": "1"}
     level = result["gateway"]["optimized"][1]
-    level["cpu_ms_per_request"] = {"gateway": 2.05, "optimized": 9.8}
-    level["client_cpu_ms_per_request"] = 1.94
+    roles = {"client": 1.94, "gateway": 2.05, "haproxy": 0.25, "model:optimized": 9.8}
+    level["cpu"] = {"roles": roles, **cpu.summary(roles)}
     result["summary"] = summary
     table = report.markdown(result)
     assert "| baseline | 8 |" in table and "model (10.00 ms of each request)" in table
     assert ("Ray environment `RAY_SERVE_ENABLE_HA_PROXY=1`, `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`"
             in table)
-    assert "| gateway | optimized | load generator |" in table
-    assert "| optimized | 8 | 2.05 | 9.80 | 1.94 |" in table
+    assert "gateway topology remote" in table
+    assert ("| optimized | 8 | gateway 2.05, haproxy 0.25, model:optimized 9.80 | 12.10 | 2.30 "
+            "| 1.94 |") in table
     report.chart(result, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
