@@ -242,7 +242,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
         self.settings = settings
         self.ramp_controller = ramp_controller  # bound here so the application includes it
         await self._open_arms(baseline, optimized, settings)
-        infos = await asyncio.gather(baseline.info.remote(), optimized.info.remote())
+        infos = await asyncio.gather(*(self.handles[arm].info.remote() for arm in Arm))
         check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
