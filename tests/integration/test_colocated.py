@@ -4,8 +4,10 @@ shared Redis under its own app name.
 
 The contract is the remote topology's: the tests below are the shared app's own, imported and
 run here against the colocated app (this module's `gw`), so a behaviour that holds in one
-topology and not in the other fails here. Kill switch, sticky share, header routes, fallback,
-admission by deadline, live fault injection, telemetry and the ramp.
+topology and not in the other fails here: kill switch, sticky share, header routes, fallback,
+admission by deadline, live fault injection, telemetry and the ramp. One of each kind: every
+live change restarts the gateway replica, which loads both models again (about 10 s each);
+tests/unit/test_colocated.py covers the batching of two arms in one process.
 """
 
 from __future__ import annotations
@@ -15,17 +17,11 @@ import pytest
 from ops.cli.format import gateway_rows
 from tests.integration.test_gateway import (  # noqa: F401  (run here, on the colocated app)
     test_a_canary_that_cannot_answer_within_its_share_gives_the_request_to_baseline,
-    test_a_fallback_that_cannot_answer_in_the_time_left_is_shed_not_timed_out,
-    test_batching_limits_change_live,
     test_embed_returns_unit_vectors,
-    test_failed_baseline_is_not_retried_on_canary,
     test_failed_canary_falls_back_to_baseline,
     test_gateway_reports_what_it_serves_and_the_share_is_bound_to_it,
     test_kill_switch_beats_share_and_unkill_restores,
-    test_model_timeout_is_504,
-    test_out_of_memory_splits_batches_and_an_input_that_never_fits_is_413,
     test_predict_answers_with_contract_fields_and_headers,
-    test_quarter_share_over_2000_distinct_keys,
     test_share_hundred_sends_everything_to_optimized,
     test_sticky_and_monotone_widening,
 )
@@ -34,7 +30,6 @@ from tests.integration.test_gateway_telemetry import (  # noqa: F401
 )
 from tests.integration.test_ramp_gateway import (  # noqa: F401
     ramp_env,
-    test_a_faulty_canary_is_rolled_back_and_no_request_is_lost,
     test_a_healthy_canary_is_promoted_through_a_short_plan,
 )
 from tests.integration.test_routes import (  # noqa: F401
