@@ -28,6 +28,7 @@ exported and nothing is logged.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -116,10 +117,20 @@ class RequestLog:
 
     def __init__(self, settings: TelemetrySettings, stream: IO[str] | None = None):
         self.stream = stream or sys.stderr
+        # In a Serve replica stderr is Serve's StreamToLogger, whose write() walks the whole
+        # stack (traceback.extract_stack, reading source lines) once per line to name the
+        # caller: about 3 % of a busy gateway replica's CPU for its request log. The lines go
+        # to the logger it wraps, at its level, instead: the same handlers and files.
+        self.logger: logging.Logger | None = getattr(self.stream, "_logger", None)
+        self.level: int = getattr(self.stream, "_log_level", logging.INFO)
         self.sink = TelemetrySink(self._write, capacity=settings.telemetry_queue_size,
                                   flush_s=settings.telemetry_flush_s, name="request-log")
 
     def _write(self, lines: Sequence[object]) -> None:
+        if isinstance(self.logger, logging.Logger):
+            for line in lines:
+                self.logger.log(self.level, "%s", line)
+            return
         self.stream.write("".join(f"{line}\n" for line in lines))
         self.stream.flush()
 

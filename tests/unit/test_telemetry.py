@@ -336,3 +336,42 @@ def test_a_telemetry_bug_never_fails_the_request(rig, monkeypatch, caplog):
         call.answered(ANSWER)
     obs.finish(200, arm="baseline")  # does not raise
     assert any("telemetry failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_request_log_writes_through_serves_stderr_logger_without_walking_the_stack(
+        monkeypatch):
+    """In a replica stderr is Serve's StreamToLogger: the request log's lines reach the logger
+    it wraps, at its level, one record per line, and no stack is extracted for them."""
+    import logging
+    import traceback
+
+    from ray.serve._private.logging_utils import StreamToLogger
+
+    from serve.telemetry.otel import RequestLog
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("test.request-log")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    log = RequestLog(TelemetrySettings(), StreamToLogger(logger, logging.INFO, io.StringIO()))
+
+    def no_stack(*args, **kwargs):
+        raise AssertionError("the stack was walked for a request-log line")
+
+    monkeypatch.setattr(traceback, "extract_stack", no_stack)
+    log._write(['{"id":"a"}', '{"id":"b"}'])
+    assert [r.getMessage() for r in records] == ['{"id":"a"}', '{"id":"b"}']
+    assert {r.levelno for r in records} == {logging.INFO}
+
+
+def test_the_request_log_writes_lines_to_a_plain_stream():
+    from serve.telemetry.otel import RequestLog
+
+    stream = io.StringIO()
+    RequestLog(TelemetrySettings(), stream)._write(['{"id":"a"}', '{"id":"b"}'])
+    assert stream.getvalue() == '{"id":"a"}\n{"id":"b"}\n'
