@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 
+from rollout.policy import Arm
 from rollout.settings import Settings
 
 COLOCATED, REMOTE = "colocated", "remote"
-ARMS = ("baseline", "optimized")
+ARMS = tuple(arm.value for arm in Arm)
 
 
 class _LocalMethod:

@@ -293,7 +293,6 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             baseline, optimized = self.local["baseline"], self.local["optimized"]
         else:
             baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
-        self.topology = colocated.REMOTE if self.local is None else colocated.COLOCATED
         self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
 
     def _open_telemetry(self, state: StateSettings, settings: TelemetrySettings) -> None:
@@ -309,6 +308,11 @@ class Gateway(DashboardRoutes, ProtocolRoutes):
             state, settings, self.telemetry.registry, self.targets, replica=self.replica,
             node_ip=node_ip)
         self.observer = Observer(self.telemetry)
+
+    @property
+    def topology(self) -> str:
+        """Where the arms' models run (serve.colocated)."""
+        return colocated.REMOTE if self.local is None else colocated.COLOCATED
 
     def reconfigure(self, user_config: dict) -> None:
         """Live settings of the models this replica loaded (the colocated topology): per arm

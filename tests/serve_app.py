@@ -35,6 +35,15 @@ class GatewayApp:
         """The settings with the operator's Redis user (the gateway's may read only its part)."""
         return self.settings.model_copy(update={"redis_url": self.redis.url})
 
+    def reset(self) -> GatewayApp:
+        """Rollout at 0 %, kill switch off, no faults or overrides, Redis running."""
+        if self.redis.proc is None:
+            self.redis.start()
+        if self.live or self.overrides:
+            self.redeploy({})
+        self.set_state(canary_bp=0, kill=False)
+        return self
+
     def rollout(self) -> Rollout:
         """Audited changes, as an operator."""
         return Rollout(open_store(self.operator))

@@ -43,12 +43,7 @@ def gateway(tmp_path_factory):
 @pytest.fixture
 def gw(gateway):
     """The gateway with the rollout reset to 0 %, kill switch off, no faults, Redis running."""
-    if gateway.redis.proc is None:
-        gateway.redis.start()
-    if gateway.live or gateway.overrides:
-        gateway.redeploy({})
-    gateway.set_state(canary_bp=0, kill=False)
-    return gateway
+    return gateway.reset()
 
 
 DASHBOARD_RAMP_PLAN = {

@@ -54,12 +54,7 @@ def colocated_app(gateway):
 @pytest.fixture
 def gw(colocated_app):
     """The colocated app with the rollout reset to 0 %, kill switch off, no faults."""
-    if colocated_app.redis.proc is None:
-        colocated_app.redis.start()
-    if colocated_app.live or colocated_app.overrides:
-        colocated_app.redeploy({})
-    colocated_app.set_state(canary_bp=0, kill=False)
-    return colocated_app
+    return colocated_app.reset()
 
 
 def test_the_gateway_and_rollout_status_say_the_topology(gw):

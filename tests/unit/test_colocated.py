@@ -157,17 +157,22 @@ def two_servers(tmp_path_factory):
     patch.undo()
 
 
-def test_two_servers_in_one_process_batch_apart(two_servers):
-    """Each server has a batch queue of its own: concurrent requests for both arms are
-    answered by their own arm, in batches of their own arm's requests only."""
-    handles = {arm: LocalHandle(server) for arm, server in two_servers.items()}
+def _four_each_at_once(servers) -> list:
+    """Four single-text requests per arm, interleaved, all at once; their answers in order."""
+    handles = {arm: LocalHandle(server) for arm, server in servers.items()}
 
     async def scenario():
         calls = [handles[arm].predict.remote([f"{arm} text {i}"], "classify")
                  for i in range(4) for arm in ("baseline", "optimized")]
         return await asyncio.gather(*calls)
 
-    answers = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_two_servers_in_one_process_batch_apart(two_servers):
+    """Each server has a batch queue of its own: concurrent requests for both arms are
+    answered by their own arm, in batches of their own arm's requests only."""
+    answers = _four_each_at_once(two_servers)
     assert [a.arm for a in answers] == ["baseline", "optimized"] * 4
     assert {a.model_version.split("-")[0] for a in answers if a.arm == "optimized"} == {"bf16"}
     assert max(a.batch.requests for a in answers) <= 4  # never the other arm's requests
@@ -176,14 +181,7 @@ def test_two_servers_in_one_process_batch_apart(two_servers):
 
 def test_live_batching_limits_apply_to_one_server_only(two_servers):
     two_servers["baseline"].reconfigure({"max_batch_size": 1, "batch_wait_ms": 20})
-    handles = {arm: LocalHandle(server) for arm, server in two_servers.items()}
-
-    async def scenario():
-        calls = [handles[arm].predict.remote([f"text {i}"], "classify")
-                 for i in range(4) for arm in ("baseline", "optimized")]
-        return await asyncio.gather(*calls)
-
-    answers = asyncio.run(scenario())
+    answers = _four_each_at_once(two_servers)
     assert {a.batch.requests for a in answers if a.arm == "baseline"} == {1}
     assert max(a.batch.requests for a in answers if a.arm == "optimized") > 1
 
