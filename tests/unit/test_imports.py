@@ -13,8 +13,6 @@ a submodule is not counted as importing its parent package.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,17 +212,3 @@ def test_the_long_function_finder_finds_one():
 def test_no_function_is_longer_than_fifty_lines():
     assert long_functions(_sources()) == []
 
-
-def test_moved_tools_keep_their_old_names():
-    """`python -m ops.<old name>` runs the tool at its new place (ops.MOVED), and an import of
-    the old name gets it."""
-    import importlib
-
-    from ops import MOVED
-
-    for old, new in MOVED.items():
-        assert importlib.import_module(old).main.__code__.co_filename == \
-            importlib.import_module(new).main.__code__.co_filename, old
-    done = subprocess.run([sys.executable, "-m", "ops.loadtest", "--help"], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m ops.load"), done
