@@ -186,9 +186,6 @@ def _add_verify_options(verify: argparse.ArgumentParser) -> None:
                         help="skip the throughput and memory measurement (and the speedup "
                              "gate); a ramp climbs on such a verdict only when its plan sets "
                              "accept_verdict_without_speed")
-    verify.add_argument("--sorted", action="store_true",
-                        help="no-op, kept for old scripts: speed is always timed on "
-                             "length-sorted batches (the gated speedup) and in set order")
     verify.add_argument("--no-store", action="store_true", help="do not store the verdict")
     verify.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 

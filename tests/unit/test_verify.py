@@ -109,8 +109,7 @@ def test_missed_thresholds_exit_1_with_the_reasons_in_the_table(env):
 def test_no_speed_and_no_store(env):
     env.setenv("CANARY_VERIFY_MIN_LOWER_BOUND", "0.5")  # 16 inputs prove no more than ~0.8
     code, out, err, store = verify("--recipe", "fp32", "--limit", "16", "--no-speed",
-                                   "--no-store", "--json", "--quiet",
-                                   "--sorted")  # accepted for old scripts, does nothing
+                                   "--no-store", "--json", "--quiet")
     doc = json.loads(out)
     assert code == 0, err  # fp32 against itself agrees everywhere; speed is not judged
     assert doc["agreement"] == 1.0 and doc["flips"] == [] and doc["speedup"] is None
