@@ -12,29 +12,10 @@ is shared with the other commands: the parser (ops.cli.args: --help, usage error
 context and its confirmation prompt (ops.cli.context), the one table of errors and exit codes
 (ops.cli.errors), the output lines.
 
-Measured: spawn to exit, 15 runs of each command and version, the versions alternated run by
-run, against a local redis-server on the same machine (Intel(R) Xeon(R) Processor, 2 vCPUs,
-shared: load average 2.7-4 during the runs), best / median in seconds:
-
-                                              kill           unkill
-    before, its fast path (153a104^)          0.115 / 0.162  0.119 / 0.167
-    before, its full path (any other CANARY_*
-      set, e.g. CANARY_REQUEST_LOG=true)      0.546 / 0.659  0.511 / 0.663
-    now, the one path (153a104)               0.123 / 0.160  0.123 / 0.161
-    now, over redis-py (a URL option
-      resp_client does not implement)         0.765 / 1.577 (kill and unkill, 7 each, later)
-
-with a checkout of each version (`git worktree add /tmp/before 153a104^`), a redis-server
-(`redis-server --port 6391 --save '' --daemonize yes`), REDIS_URL=redis://127.0.0.1:6391/0 and
-ROLLOUT_ACTOR=timing and PYTHON (the project's `.venv/bin/python`, by its absolute path)
-exported, and for each run, from the checkout's directory:
-
-    $PYTHON -c 'import subprocess as s, sys, time; t = time.perf_counter();
-    s.run(sys.argv[1:], check=True, capture_output=True); print(time.perf_counter() - t)' \
-        $PYTHON -m ops.cli --app t kill --reason timing
-
-(and `unkill --reason timing --yes`). The goal, 0.25 s, is met with room; what is left is
-Python's own start (`python -c pass`: about 0.03 s) and the standard library's imports.
+The goal: each of the two exits within 0.25 s of its spawn against a reachable Redis; on a
+shared 2-vCPU machine they take 0.12-0.16 s (best / median), most of it Python's own start and
+the standard library's imports (0.8-1.6 s over redis-py). The measurements, and how to
+repeat them, are in docs/benchmarks-history.md ("`rollout kill`: one path").
 
 What it does and says (the same as the other commands):
 
