@@ -1,5 +1,5 @@
 """Simulated ramps for the agreement gate: how often does it pass a canary that is truly below
-its threshold, when it is looked at every few seconds for a whole step? (issue 14, item 7)
+its threshold, when it is looked at every few seconds for a whole step?
 
     python -m ops.bench.gate_sim                       # 1,000 ramps per true agreement, seed 14
     python -m ops.bench.gate_sim --ramps 400 --seed 1

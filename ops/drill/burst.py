@@ -10,7 +10,7 @@
 4. `--kill-during`: `rollout kill` (then `rollout unkill`) `--kills` times spread over the burst,
    each kill's wall time; the kill switch is left as it was found.
 
-Goals (issue 15): goodput >= 90 % of capacity, p99 of the 200s <= 3x unloaded, every request
+Goals: goodput >= 90 % of capacity, p99 of the 200s <= 3x unloaded, every request
 answered 200/503/504, recovery within 5 s, replica RSS within 10 % of its pre-burst value within
 60 s, and (with `--kill-during`) the median kill <= 2 s.
 """

@@ -1,5 +1,5 @@
-"""Incident drills against a running gateway (issue 15): each scenario reproduces one way a
-production gateway is hurt, prints its figures and judges each goal PASS / FAIL.
+"""Incident drills against a running gateway: each scenario reproduces one way a production
+gateway is hurt, prints its figures and judges each goal PASS / FAIL.
 
     python -m ops.drill slow-bodies              # 150 slow uploads beside a normal client
     python -m ops.drill overload                 # open loop at 2x, 5x, 10x measured capacity

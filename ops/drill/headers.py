@@ -3,7 +3,8 @@
 Requests are sent through http.client, which keeps duplicate response headers (httpx would merge
 them), with a well-formed id and with malformed ones: 129 characters, spaces, `%0d%0a`,
 `<script>`. Each response must carry exactly one X-Request-ID, the client's own when it was well
-formed, and no response header may contain a malformed value (issue 15).
+formed, and no response header may contain a malformed value (a raw value echoed back could
+split the response's headers or carry markup into whatever shows the id).
 """
 
 from __future__ import annotations

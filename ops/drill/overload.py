@@ -8,11 +8,11 @@ with a deadline (`X-Request-Timeout-Ms`, `--request-timeout-ms`).
    moment sending stops, the time until a small request is answered 200 in under 200 ms
    (polled every 100 ms) while the backlog drains.
 
-Goals (issue 24), per factor: goodput >= 90 % of capacity up to 2x and >= 60 % beyond, p99 of
-the 200s within the requests' deadline, every request answered 200, 503 or 504 (none lost),
-504s <= 1 % of those sent, recovered within 5 s. (Issue 15's "p99 <= 3x unloaded" is withdrawn:
-a batching server meets it only by refusing work it could do; with `--request-timeout-ms 0`
-no deadline is sent and that bound is reported as a figure.)
+Goals, per factor: goodput >= 90 % of capacity up to 2x and >= 60 % beyond, p99 of the 200s
+within the requests' deadline, every request answered 200, 503 or 504 (none lost), 504s <= 1 %
+of those sent, recovered within 5 s. The p99 against the unloaded p99 is a figure, not a goal:
+a batching server keeps it low only by refusing work it could do. With
+`--request-timeout-ms 0` no deadline is sent and the p99 is reported as a figure.
 """
 
 from __future__ import annotations

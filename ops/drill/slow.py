@@ -7,7 +7,7 @@
    disconnects mid-body run beside them; the normal client keeps sending.
 3. The gateway's `canary_requests_total` by status, before and after, from `GET /metrics`.
 
-Goals (issue 15): the normal client keeps >= 99 % success and p99 <= 3x unloaded; every slow
+Goals: the normal client keeps >= 99 % success and p99 <= 3x unloaded; every slow
 upload gets 408 within the body deadline (+ `--slack`); none goes unanswered; 0 x 500 recorded.
 """
 

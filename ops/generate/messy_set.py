@@ -1,4 +1,5 @@
-"""Generate a held-out set of messy inputs, unlike the shipped regression set (issue 13).
+"""Generate a held-out set of messy inputs, unlike the shipped regression set, so that both arms
+can be judged on text the calibrated recipes never saw.
 
     python -m ops.generate.messy_set --out messy.jsonl                  # 1200 inputs, default seed
     python -m ops.generate.messy_set --out messy.jsonl --count 300 --seed 7

@@ -1,4 +1,4 @@
-"""Realized efficiency end to end (issue 25, item 3): the replicas of the real (shared) Serve app
+"""Realized efficiency end to end: the replicas of the real (shared) Serve app
 measure the CPU seconds of their forwards, the gateway files them per arm, `rollout status`
 reads them back, and a ramp whose `realized_speedup` gate sees an optimized arm made slower on
 purpose (`fault_cpu_ms`: every forward spins that much CPU first) rolls back by itself."""

@@ -1,4 +1,4 @@
-"""The agreement gate end to end (issue 14, item 7): the real Serve app shadows every request
+"""The agreement gate end to end: the real Serve app shadows every request
 (`shadow_share` 1.0), its shadow counters reach the real Redis, and the `ramp-controller`
 deployment judges its anytime-valid confidence sequence over each step's pairs: a canary that
 agrees is promoted, one whose every label is rotated (a live `fault_rotate_labels`) is rolled

@@ -1,4 +1,4 @@
-"""The ramp's agreement gate on shadow counters in a real Redis (issue 14, item 7): it judges
+"""The ramp's agreement gate on shadow counters in a real Redis: it judges
 every pair since the step started, past the plan's window_s, and no more than the counters'
 retention. The arms are scripted; the shadow pairs go through the telemetry writer and are read
 back per second as the controller reads them."""

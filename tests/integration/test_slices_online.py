@@ -1,4 +1,4 @@
-"""Per-slice online agreement on the real Serve app (issue 25, item 2): a canary that flips
+"""Per-slice online agreement on the real Serve app: a canary that flips
 every Chinese input while agreeing on about 98 % of all inputs is rolled back by the ramp's
 `worst_slice_agreement` gate, where the overall agreement gate passes or waits; and the slice
 of CANARY_SLICE_HEADER, capped in number and length of values. And online retrieval

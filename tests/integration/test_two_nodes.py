@@ -1,5 +1,5 @@
 """Two Ray nodes on this machine (tests/cluster.py): the production config, scaled down to two
-cores, deployed with `serve deploy`, checked through each node's own ingress (issue 16).
+cores, deployed with `serve deploy`, checked through each node's own ingress.
 
 - the same routing key gets the same arm from either node (stickiness across gateways);
 - `rollout kill` reaches the gateways behind both ingresses (the lag is printed);

@@ -1,4 +1,4 @@
-"""Realized efficiency on live traffic (issue 25, item 3): the cost per input and the realized
+"""Realized efficiency on live traffic: the cost per input and the realized
 speedup with its interval (rollout.efficiency), the counters a request adds to the windows
 (rollout.telemetry.window_fields) and reads back (rollout.telemetry.window_stats), a replica's
 measurement (serve.cputime) and the `realized_speedup` ramp gate. Seeded, no Redis, no Ray."""

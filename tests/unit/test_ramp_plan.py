@@ -27,7 +27,7 @@ def test_the_shipped_example_plan_is_valid():
     assert [s.approval for s in plan.steps] == [False, False, True, False, False]
     assert plan.gates.agreement_lower_bound == 0.98 and plan.failures_tolerated == 1
     assert plan.gates.confident_flip_rate == 0.005
-    # the gates of out-of-sample fidelity and realized efficiency (issue 25)
+    # the gates of out-of-sample fidelity and realized efficiency
     assert (plan.gates.worst_slice_agreement, plan.gates.min_slice_pairs) == (0.95, 100)
     assert plan.gates.realized_speedup == 1.2 and plan.accept_verdict_without_speed is False
 

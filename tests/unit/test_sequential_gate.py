@@ -1,4 +1,4 @@
-"""The ramp's agreement gate looked at every few seconds (issue 14, item 7): simulated ramps
+"""The ramp's agreement gate looked at every few seconds: simulated ramps
 for its false-pass rate, the step-long sample it judges, and the `min_margin` of the confident
 flip gate. Seeded, pure Python (ops.bench.gate_sim); no Redis, no Ray."""
 
