@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 7): the in-process benchmark and the full gateway on the lent H200, within
+# GPU check: the in-process benchmark and the full gateway on the lent H200, within
 # 6 minutes of device time. Results (JSON + markdown per step, nvidia-smi, logs) go to $OUT (the
 # device tool brings them back) or gpu-results/; the last lines printed are a short table.
 #
