@@ -1,0 +1,139 @@
+"""The unit tier's fence (tests/unit/conftest.py): a unit test is refused Ray and any connection
+beyond the loopback. Shown here in the test itself, and in a pytest of its own over a small tree
+that holds copies of the conftests and pyproject.toml, where a test outside tests/unit is not
+fenced."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.unit.conftest import UnitTierError, is_loopback
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTSIDE = [("192.0.2.1", 80), ("203.0.113.7", 443), ("example.invalid", 80), ("0.0.0.0", 80)]
+
+
+def test_ray_and_serve_are_refused(unit_fence):
+    import ray
+    from ray import serve
+
+    for start, name in ((ray.init, r"ray\.init"), (serve.start, r"ray\.serve\.start"),
+                        (serve.run, r"ray\.serve\.run")):
+        with pytest.raises(UnitTierError, match=rf"{name}\(\) in a unit test: .*tests/integration"):
+            start()
+    assert not ray.is_initialized() and len(unit_fence.refused) == 3
+    unit_fence.refused.clear()  # refused on purpose: the fixture would fail the test for them
+
+
+@pytest.mark.parametrize("address", OUTSIDE)
+def test_outside_connections_are_refused(unit_fence, address):
+    with pytest.raises(UnitTierError, match="a socket connection to"):
+        socket.create_connection(address, timeout=0.1)
+    with socket.socket() as sock:
+        for connect in (sock.connect, sock.connect_ex):
+            with pytest.raises(UnitTierError, match="in a unit test"):
+                connect(address)
+    assert len(unit_fence.refused) == 3
+    unit_fence.refused.clear()
+
+
+def test_loopback_and_unix_sockets_are_not(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        for host in ("127.0.0.1", "localhost"):
+            socket.create_connection((host, port), timeout=2).close()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "s"))
+        server.listen()
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(tmp_path / "s"))
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("localhost", True), ("LocalHost.", True), (b"127.0.0.1", True),
+    ("10.0.0.5", False), ("0.0.0.0", False), ("::", False), ("fe80::1%eth0", False),
+    ("db", False), ("", False), (None, False),
+])
+def test_loopback_is_the_loopback_only(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+# --- the two conftests in a pytest of their own ------------------------------------------------
+
+UNIT_TEST = """
+import socket
+import sys
+
+import pytest
+
+
+def test_ray_imported_during_the_test_is_refused(unit_fence):
+    assert "ray" not in sys.modules  # the fence itself never imports it
+    import ray
+
+    with pytest.raises(RuntimeError, match="unit test"):
+        ray.init()
+    unit_fence.refused.clear()
+
+
+def test_a_refusal_the_code_swallows_fails_at_teardown():
+    try:
+        socket.create_connection(("192.0.2.1", 80), timeout=0.1)
+    except Exception:
+        pass
+"""
+
+INTEGRATION_TEST = """
+import socket
+
+import _socket
+
+
+def test_not_fenced():
+    import ray
+
+    assert ray.init is ray._private.worker.init
+    assert socket.socket.connect is _socket.socket.connect
+    assert socket.create_connection.__module__ == "socket"
+"""
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    """A project of the real conftests and pyproject.toml, the tier packages and `files`."""
+    for name in ("pyproject.toml", "tests/conftest.py", "tests/unit/conftest.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+    for package in ("tests", "tests/unit", "tests/integration", "tests/e2e"):
+        (root / package).mkdir(parents=True, exist_ok=True)
+        (root / package / "__init__.py").touch()
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+
+
+def test_the_fence_holds_in_unit_tests_and_nowhere_else(tmp_path):
+    root = tree(tmp_path, {"tests/unit/test_a.py": UNIT_TEST,
+                           "tests/integration/test_b.py": INTEGRATION_TEST})
+    # the unit tests first: the integration test then also shows the fence was taken down
+    run = pytest_in(root, "tests/unit", "tests/integration", "-rA")
+    out = run.stdout
+    assert "PASSED tests/unit/test_a.py::test_ray_imported_during_the_test_is_refused" in out, out
+    assert "ERROR tests/unit/test_a.py::test_a_refusal_the_code_swallows_fails_at_teardown" in out
+    assert ("the unit tier's fence refused: a socket connection to ('192.0.2.1', 80) in a unit "
+            "test" in out), out
+    assert "PASSED tests/integration/test_b.py::test_not_fenced" in out, out
+    assert "3 passed, 1 error" in out, out  # the swallowing test passes, then errs
