@@ -4,7 +4,7 @@ realized speedup (baseline cost ÷ optimized cost) with a confidence interval.
 Where the numbers come from: each model replica measures the CPU seconds of every forward of a
 merged batch (`time.process_time()`, which counts torch's intra-op threads; GPU seconds from
 CUDA events on a CUDA replica) and gives each request of the batch its share by rows
-(serve.cputime). The gateway adds, per arm and per second (rollout.telemetry.window_fields),
+(serve.replica.cputime). The gateway adds, per arm and per second (rollout.telemetry.window_fields),
 counters that are only ever added to (`CPU_FIELDS`), for request i of n with share s_i of r_i inputs
 riding in a batch of k_i requests:
 

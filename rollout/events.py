@@ -226,8 +226,8 @@ RECENT_S = 86_400  # a give-up or a drop within this long is still warned about
 
 
 def webhook_health(counters: Mapping[str, str], now: float) -> dict | None:
-    """What `rollout status` shows of the webhooks counters (serve.webhooks, the Redis hash
-    `rollout:<app>:webhooks`): the counts, and `warnings` when the latest attempt failed or an
+    """What `rollout status` shows of the webhooks counters (serve.control_plane.webhooks, the Redis
+    hash `rollout:<app>:webhooks`): the counts, and `warnings` when the latest attempt failed or an
     event was given up or dropped in the last day. None when nothing was ever sent."""
     if not counters:
         return None

@@ -1,8 +1,8 @@
 """Flip capture: the inputs on which the two arms disagreed, kept so they can be replayed.
 
 With `CANARY_FLIP_CAPTURE` on (off by default), every classify pair of a shadowed request
-(serve.shadow) whose top-1 labels differ becomes a `FlipRecord`: the input text, both labels,
-both margins (top-1 minus top-2 score of each arm), both versions, the task, the request id
+(serve.gateway.shadow) whose top-1 labels differ becomes a `FlipRecord`: the input text, both
+labels, both margins (top-1 minus top-2 score of each arm), both versions, the task, the request id
 and the time. `FlipCapture.records` decides, per flipped input, in this order:
 
 1. capture off: nothing is kept (nothing is counted either);
@@ -20,7 +20,7 @@ of the newest flip's time (entry ids are Redis's clock, flip times the gateway's
 to far less than a TTL), and EXPIRE `ttl_s` so the key disappears when nothing new comes.
 `MemoryFlips` is the in-memory twin with the same bounds (exact).
 
-Export (`to_regression_row`): the regression-set format of serve.regression, one JSON object
+Export (`to_regression_row`): the regression-set format of serve.common.regression, one JSON object
 per line with `text` and, as metadata, the two labels (`baseline`, `optimized`), margins and
 versions. No `label`: nobody knows which arm was right, so `rollout verify --set FILE`
 replays the inputs for agreement, not accuracy.
@@ -126,7 +126,8 @@ class FlipItem:
 
 
 def to_regression_row(record: FlipRecord) -> dict:
-    """The record as a regression-set line (serve.regression): `text` plus metadata, no label."""
+    """The record as a regression-set line (serve.common.regression): `text` plus metadata, no
+    label."""
     return {
         "text": record.text, "baseline": record.baseline_label,
         "optimized": record.optimized_label,

@@ -10,7 +10,8 @@ Keys, under one namespace per application (`rollout:<app>:`):
 - `deployed` hash: gateway id -> what it serves (JSON); the only key a gateway writes
 - `verdicts` hash: JSON [baseline_version, optimized_version] -> the latest verify verdict's JSON
 - `flips`    stream: inputs the shadowed arms disagreed on (rollout.flips; bounded, expires)
-- `webhooks` hash: notification delivery counters (serve.webhooks): delivered, failed_attempts,
+- `webhooks` hash: notification delivery counters (serve.control_plane.webhooks): delivered,
+  failed_attempts,
              dropped, given_up, duplicates, last_error (URL redacted), last_error_ts,
              last_delivered_ts, last_given_up_ts, last_dropped_ts
 - `notify:cursor`     string: the last audit entry id the notifier has finished with

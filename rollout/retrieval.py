@@ -2,7 +2,7 @@
 baseline's? What users of an embedding model see, which agreement on zero-shot labels and cosine
 percentiles miss.
 
-Pure Python, no torch: the neighbour search itself is serve.neighbours; this module names the
+Pure Python, no torch: the neighbour search itself is serve.common.neighbours; this module names the
 figures, sums per-query outcomes into them (offline in `rollout verify` and `auto`, online in
 the shadow: rollout.shadow) and judges them (rollout.verdict).
 
@@ -24,7 +24,7 @@ reach `min_recall_at_10` (default 0.95: about what an approximate-nearest-neighb
 gives up against exact search). A point estimate: a slice's queries each average ten
 neighbours, so its figure is far steadier than a slice's agreement.
 
-A set may bring its own relevance labels (serve.regression: `query_of`, `relevant`): then
+A set may bring its own relevance labels (serve.common.regression: `query_of`, `relevant`): then
 `GroundTruth` reports each arm's recall@10 against them, beside the figures above, not judged.
 """
 

@@ -220,7 +220,7 @@ class ModelSettings(BaseSettings):
     )
     plan_dir: str | None = Field(
         None, description="where accuracy-aware plans are cached (shipped plans in "
-        "`serve/plans/` are read too); none: `~/.cache/canary-gateway/plans`"
+        "`serve/recipes/plans/` are read too); none: `~/.cache/canary-gateway/plans`"
     )
     aware_target_agreement: float = Field(
         0.998, gt=0, le=1, description="top-1 agreement with fp32 the accuracy-aware plan must "
@@ -290,7 +290,7 @@ class VerifySettings(BaseSettings):
     regression_set: str | None = Field(
         None, description="JSONL regression set used by `rollout verify` and to calibrate the "
         "recipes (`accuracy-aware`, `onnx-int8`, `auto`); none: the shipped "
-        "`serve/data/regression.jsonl`"
+        "`serve/common/data/regression.jsonl`"
     )
     verify_min_margin: float = Field(
         CONFIDENT_MARGIN, ge=0, le=1,
@@ -372,7 +372,7 @@ class VerifySettings(BaseSettings):
 class BatchingSettings(BaseSettings):
     """Batching
 
-    How a model replica merges requests into forwards (serving layer: serve.batching).
+    How a model replica merges requests into forwards (serving layer: serve.common.batching).
     Batching can be changed on a running deployment through Serve's `user_config`.
     """
 
@@ -395,7 +395,7 @@ class ServingSettings(BaseSettings):
     """Serving: Serve resources and the request path
 
     What each Serve deployment reserves and accepts, and the deadlines and retries of a
-    request's model calls (serving layer: serve.config, serve.gateway).
+    request's model calls (serving layer: serve.config, serve.gateway.deployment).
     """
 
     model_config = CONFIG
@@ -440,7 +440,7 @@ class ServingSettings(BaseSettings):
         "while all are open go together in the next call (at most `max_batch_size`, and a full "
         "call goes at once), so a busy gateway pays one Ray call per batch instead of one per "
         "request; nothing waits while a call slot is free. About one per model replica of an "
-        "arm; 0: one call per request (serve.coalesce)",
+        "arm; 0: one call per request (serve.gateway.coalesce)",
     )
     request_timeout_s: float = Field(
         10.0, gt=0, le=600, description="deadline of a request's model calls, fallback "
@@ -495,7 +495,7 @@ class AdmissionSettings(BaseSettings):
 
     What a gateway replica lets in: request size limits, the memory cap on requests in flight
     (below it, requests are refused only when they would miss their deadline) and slow uploads
-    (serving layer: serve.admission, serve.ingress).
+    (serving layer: serve.gateway.admission, serve.gateway.ingress).
     """
 
     model_config = CONFIG
@@ -605,7 +605,7 @@ class ShadowSettings(BaseSettings):
     """Shadow comparison and flip capture
 
     Online agreement: a share of answered requests also sent to the other arm off the
-    response path (serve.shadow), and the inputs the arms disagreed on (rollout.flips).
+    response path (serve.gateway.shadow), and the inputs the arms disagreed on (rollout.flips).
     """
 
     model_config = CONFIG
@@ -722,7 +722,7 @@ class WebhookSettings(BaseSettings):
     """Notifications
 
     Rollout events POSTed to webhooks ([Notifications](operator-guide.md#notifications);
-    rollout.events chooses them, serve.webhooks delivers them).
+    rollout.events chooses them, serve.control_plane.webhooks delivers them).
     """
 
     model_config = CONFIG

@@ -2,13 +2,13 @@
 the telemetry, and what the last N seconds say.
 
 A *shadowed* request was answered by one arm and, off the response path, also sent to the other
-(serve.shadow). Each of its inputs is a *pair*:
+(serve.gateway.shadow). Each of its inputs is a *pair*:
 
 - `classify`: the pair *agrees* when both arms give the same top-1 label; it is filed under the
   *baseline's* margin (top-1 minus top-2 score) in the buckets of rollout.agreement, so flips at
   the decision boundary are told apart from flips in the confident bulk, as `rollout verify` does;
 - `embed`: the pair's cosine similarity between the two embeddings and, where the gateway
-  keeps a reservoir of recent baseline vectors (serve.shadow, `shadow_reservoir_size`), how
+  keeps a reservoir of recent baseline vectors (serve.gateway.shadow, `shadow_reservoir_size`), how
   many of the baseline vector's K = 10 nearest vectors in it the optimized vector also finds
   (`neighbours`, 0-10: rollout.retrieval's recall@10, online).
 
@@ -30,8 +30,8 @@ are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge withou
                                        that agree, and the confident flips among them (baseline
                                        margin >= CONFIDENT_MARGIN, labels differ)
 
-A pair belongs to the slices in its `PairOutcome.slices` (set by the gateway, serve.shadow); a
-slice's name may itself hold colons, its counter is the part after the last one. Hashes written
+A pair belongs to the slices in its `PairOutcome.slices` (set by the gateway, serve.gateway.shadow);
+a slice's name may itself hold colons, its counter is the part after the last one. Hashes written
 before slices existed have no `sl:` fields and read as no slice counts.
 
 The confident pairs are those filed in the buckets from CONFIDENT_MARGIN (0.05, a bucket edge)

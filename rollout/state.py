@@ -85,7 +85,7 @@ class DeploymentReport(BaseModel):
     state_revision: int = 0  # the revision this gateway routes by
     events: tuple[str, ...] = ()  # store outages and resets it lived through, newest last
     optimized_recipe: str = ""  # the recipe the optimized arm runs (what `auto` resolved to)
-    auto: str = ""  # when the recipe was `auto`: how it was chosen (serve.autopick.describe)
+    auto: str = ""  # when the recipe was `auto`: how it was chosen (serve.recipes.auto's describe)
     # flip capture as this gateway runs it (None: a gateway from before it was reported)
     flip_capture: bool | None = None
     shadow_share: float | None = None

@@ -111,7 +111,8 @@ def read_status(
 
 
 def _webhooks(source: HashSource, app: str, now: float) -> dict | None:
-    """The notification counters (serve.webhooks); None when unreadable or never written."""
+    """The notification counters (serve.control_plane.webhooks); None when unreadable or never
+    written."""
     try:
         counters = source.hashes([Keys(app).webhooks])[0]
     except StoreUnavailable:

@@ -82,7 +82,7 @@ class StateStore(abc.ABC):
 
     def audit_after(self, entry_id: str, count: int) -> list[AuditEntry]:
         """At most `count` audit entries after the one with id `entry_id` ("0-0": from the
-        first), oldest first: how the notifier (serve.notify) tails the stream."""
+        first), oldest first: how the notifier (serve.control_plane.notify) tails the stream."""
         raise NotImplementedError(f"{type(self).__name__} cannot tail its audit")
 
     def note(self, *, ts: float, actor: str, action: str, reason: str,

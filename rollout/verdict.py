@@ -28,14 +28,14 @@ comparison (rollout.agreement.Summary) and lists each one missed, in this order:
 
 `thresholds_from(settings)` is the one place thresholds are built from the settings
 (`verify_*`), for every caller that judges a comparison, and `judge_comparison` the one rule
-(1-6 together) that both `rollout verify` and `auto` (serve.autopick) apply: a recipe `auto`
-serves has passed, on its validation split, the very test verify applies on the held-out one.
+(1-6 together) that both `rollout verify` and `auto` (serve.recipes.auto.choose) apply: a recipe
+`auto` serves has passed, on its validation split, the very test verify applies on the held-out one.
 `bound_only` tells a comparison refused by the Wilson lower bound alone (its point estimates
 pass, the sample is too small or too close to the bar to show it).
 
 A verdict records what it was judged with: the thresholds, the judged set's digest and split
 (`held-out`: the configured set's inputs that neither a recipe's tuning nor `auto` saw;
-`external`: another set, all of it; serve.regression), and whether speed was judged. Before a
+`external`: another set, all of it; serve.common.regression), and whether speed was judged. Before a
 ramp climbs on a passing verdict, `verdict_problems` checks that record against what the
 gateway is configured with (`VerdictRules`): thresholds no looser, judged out of sample on the
 configured set (or an external one), speed judged unless the plan accepts a verdict without it.

@@ -22,17 +22,17 @@ from ray.serve import Application
 
 from rollout.settings import Settings
 from serve import ray_env
-from serve.colocated import ARMS, COLOCATED
-from serve.controller import RampControllerDeployment
-from serve.gateway import Gateway
-from serve.model import ModelServer
-from serve.shadow import flip_capture
+from serve.control_plane.controller import RampControllerDeployment
+from serve.gateway.colocated import ARMS, COLOCATED
+from serve.gateway.deployment import Gateway
+from serve.gateway.shadow import flip_capture
+from serve.replica.model_server import ModelServer
 
 
 def build(settings: Settings, live: dict[str, dict] | None = None) -> Application:
     """The gateway and the ramp controller, sized from the settings, with the arms' models
     as `topology` places them: one model deployment per arm (`remote`), or loaded in every
-    gateway replica (`colocated`, serve.colocated).
+    gateway replica (`colocated`, serve.gateway.colocated).
 
     `live` adds per-arm live settings (see `ModelServer.reconfigure`), e.g.
     `{"optimized": {"fault_error": True}}` for a fault drill: each model deployment's

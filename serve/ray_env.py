@@ -16,8 +16,8 @@ Serve's defaults.
   Python proxy actor no longer relays every request over a Ray call.
 - `RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2`: how long a gateway replica that is going
   away keeps accepting requests (see `RAY_ENV`).
-- `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.ingress:middlewares`: Serve's HTTP proxy
-  callback, which wraps every HTTP request in serve.ingress (slow bodies, request ids).
+- `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.gateway.ingress:middlewares`: Serve's HTTP proxy
+  callback, which wraps every HTTP request in serve.gateway.ingress (slow bodies, request ids).
 - `OMP_WAIT_POLICY=PASSIVE`: not Ray's but OpenMP's, read by every worker's torch: idle
   threads sleep rather than spin (see `RAY_ENV`).
 
@@ -58,9 +58,9 @@ RAY_ENV = {
     # Behind HAProxy, which learns of the change from Serve and retries a refused connection
     # on another replica, 2 s is enough; it is also how long Ctrl-C on `ops/run.sh` waits.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-    # The gateway's own ASGI middleware, outermost (serve.ingress): request bodies received
+    # The gateway's own ASGI middleware, outermost (serve.gateway.ingress): request bodies received
     # under a deadline before they take any slot, and request ids made safe to echo.
-    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.ingress:middlewares",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.gateway.ingress:middlewares",
     # OpenMP threads that finish their part of a parallel region sleep instead of spinning.
     # A spinning thread takes a core from the gateway, HAProxy and the other arm, and a model
     # replica whose thread was descheduled waits for it at every region: on the 2-core
@@ -80,8 +80,8 @@ COSTS = {
     "request over a Ray call): ~4 ms more per request, and with throughput mode it cuts the "
     "gateway replica's CPU per request from 6.6-6.8 ms to 3.9-4.5 ms",
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "The gateway's ingress middleware "
-    "(serve.ingress) is not installed: a slow client's body is received while its request holds "
-    "a Serve slot and an in-flight slot, overload is not shed at the door, and a malformed "
+    "(serve.gateway.ingress) is not installed: a slow client's body is received while its request "
+    "holds a Serve slot and an in-flight slot, overload is not shed at the door, and a malformed "
     "X-Request-ID is echoed as sent",
     "OMP_WAIT_POLICY": "Idle OpenMP threads in the model replicas spin, taking cores from the "
     "gateway, HAProxy and the other arm: at twice capacity on the 2-core reference machine, "

@@ -1,5 +1,6 @@
-"""Shared by every tier: the tests' own cache folder, so built artifacts (serve.artifact), `auto`
-choices (serve.autopick) and plans never mix with the user's ~/.cache, nor a run with another."""
+"""Shared by every tier: the tests' own cache folder, so built artifacts (serve.recipes.artifact),
+`auto` choices (serve.recipes.auto.choose) and plans never mix with the user's ~/.cache, nor a run
+with another."""
 
 import os
 

@@ -130,7 +130,7 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         "model_num_cpus": 0.1, "max_batch_size": 8, "batch_wait_ms": 2.0, "torch_threads": 1,
         # a deployment per arm; tests/integration/test_colocated.py runs the other topology
         "topology": "remote",
-        # a named recipe: `auto` would measure its candidates at start (serve.autopick)
+        # a named recipe: `auto` would measure its candidates at start (serve.recipes.auto.choose)
         "optimized_recipe": "bf16",
         "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
         # the ramp controller runs in the app as the `controller` Redis user, evaluating often;
@@ -140,7 +140,7 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         # no shadow calls unless a test asks (redeploy(..., shadow_share=1.0)): tests that count
         # model calls or batch sizes must not see them
         "shadow_share": 0.0,
-        "grpc_port": free_port(),  # the OIP over gRPC (serve.protocols.oip_grpc), its own port
+        "grpc_port": free_port(),  # the OIP over gRPC (protocols.oip_grpc), its own port
         **overrides,
     })
     for attempt in range(1, STARTS + 1):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rollout import Settings
 from rollout.verdict import Verdict, thresholds_from
-from serve.regression import load_set
+from serve.common.regression import load_set
 
 
 def passing_verdict(baseline: str, optimized: str, **fields) -> Verdict:

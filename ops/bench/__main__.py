@@ -20,8 +20,8 @@ this process, with the same settings, texts and machine.
 load generator, cell by cell (the plain deployment, then each arm), and prints gateway ÷ plain
 per request size, concurrency and arm, with each side's refused share (ops.bench.anchor).
 
-`--protocol` also measures the front doors (serve.protocols) on the baseline arm, cell by cell,
-and prints each one's texts/s against the native route's (ops.bench.front_doors).
+`--protocol` also measures the front doors (serve.gateway.protocols) on the baseline arm, cell by
+cell, and prints each one's texts/s against the native route's (ops.bench.front_doors).
 
 `--peer litserve,infinity` also measures the same model folder behind other servers, started
 here as subprocesses on loopback and stopped at the end (ops.bench.peers): LitServe (fp32
@@ -219,7 +219,7 @@ def _hardware() -> str:
 def _preflight(args, settings) -> str | None:
     """The gateway's URL (None: a local app), once the model folder, the peers and the gateway
     given by URL are found; a BenchError before anything starts otherwise."""
-    from serve.variants import model_dir
+    from serve.recipes.source import model_dir
 
     try:
         model_dir(settings)
@@ -236,7 +236,7 @@ def _preflight(args, settings) -> str | None:
 def run(args, say) -> dict:
     import torch
 
-    from serve.variants import Variant
+    from serve.recipes.variants import Variant
 
     settings = _settings(args)
     url = _preflight(args, settings)

@@ -28,7 +28,7 @@ class Measured:
 def measure(args, settings, url, texts, say) -> Measured:
     """The end-to-end part of a run: on the gateway at `url`, or on a local app with what
     `args` adds beside it (plain Serve, the peers); `settings` are the run's."""
-    from serve import variants
+    from serve.recipes import source
 
     if url:
         return _levels(args, settings, url, texts, say)
@@ -44,7 +44,7 @@ def measure(args, settings, url, texts, say) -> Measured:
                 say("deploying plain Ray Serve beside it")
                 plain_url = stack.enter_context(plain.deployed(local, local_url))
             running = stack.enter_context(peers.started(
-                args.peer, variants.model_dir(local), args.infinity_venv,
+                args.peer, source.model_dir(local), args.infinity_venv,
                 Path(args.out) / "peers", say)) if args.peer else {}
             return _levels(args, local, local_url, texts, say, app=target.APP,
                            plain_url=plain_url, running=running)

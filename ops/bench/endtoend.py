@@ -9,7 +9,7 @@ Throughput counts answered 200s over the measured window only (from its start to
 answer of a request sent in it). A worker whose request was shed (429 or 503) waits its
 Retry-After before the next, as a well-behaved client does: resending at once would measure the
 cost of refusing requests (the gateway sheds what would queue past its target,
-serve.admission), not the goodput it serves. The load is ops.load's closed loop and client
+serve.gateway.admission), not the goodput it serves. The load is ops.load's closed loop and client
 (`Sender`, raw HTTP/1.1 on kept-alive connections, one per worker), the same for both targets.
 
 Per level it reports the requests sent in the measured window (each ends as a 200 or as one

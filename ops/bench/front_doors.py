@@ -1,5 +1,6 @@
-"""`python -m ops.bench --protocol native,openai,oip`: what each front door (serve.protocols)
-costs, measured in one run against the same app, arm (baseline), texts and load generator.
+"""`python -m ops.bench --protocol native,openai,oip`: what each front door
+(serve.gateway.protocols) costs, measured in one run against the same app, arm (baseline), texts and
+load generator.
 
 Each protocol is measured in its variants: `native` (`POST /v1/predict`, task embed, JSON
 floats), `openai` (`encoding_format: float`) and `openai-base64`, `oip` (JSON outputs) and
@@ -108,9 +109,9 @@ def codec_us(named: dict[str, Door], size: int, width: int = 384, repeat: int = 
     from starlette.requests import Request
 
     from rollout.settings import AdmissionSettings
-    from serve.protocols.door import FrontDoor, Served
-    from serve.protocols.oip import OipDoor
-    from serve.protocols.openai_api import OpenAIDoor
+    from serve.gateway.protocols.door import FrontDoor, Served
+    from serve.gateway.protocols.oip import OipDoor
+    from serve.gateway.protocols.openai_api import OpenAIDoor
 
     served = Served(name="m", width=width, labels=("a", "b"), tasks=frozenset({"embed"}),
                     default_task="embed", max_tokens=256, version="fp32-x")

@@ -18,15 +18,15 @@ from collections.abc import Callable
 
 import torch
 
-from serve.batching import run_budgeted
-from serve.variants import Variant
+from serve.common.batching import run_budgeted
+from serve.recipes.variants import Variant
 
 STAGES = ("preprocess", "model", "postprocess")
 
 
 def run_batch(variant: Variant, texts: list[str], task: str) -> dict[str, float]:
     """One batch through the pipeline, forwarded as a model replica forwards a merged batch
-    (serve.batching: length-sorted chunks under `max_batch_tokens`): seconds per stage."""
+    (serve.common.batching: length-sorted chunks under `max_batch_tokens`): seconds per stage."""
     t0 = time.perf_counter()
     encoded = variant.encode(texts)
     t1 = time.perf_counter()

@@ -29,7 +29,7 @@ Written as a competent Ray Serve user serves one model over HTTP, with nothing o
   does (`model_num_cpus`, a fraction, so it fits beside the gateway app on 2 cores).
 
 One thing is not plain: Serve's HTTP proxy callback is set for the whole cluster
-(serve.ingress: a body is received in full before it is handed on), so it wraps this app's
+(serve.gateway.ingress: a body is received in full before it is handed on), so it wraps this app's
 requests as well; with no gateway in this replica's process it sheds nothing.
 """
 
@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse
 from ops.bench.endtoend import BenchError, check_reachable
 from ops.bench.target import PLAIN
 from rollout.settings import Settings
-from serve.variants import TASKS, Variant
+from serve.recipes.variants import TASKS, Variant
 
 APP = PLAIN  # its Serve application and deployment name, as the benchmark's target
 ROUTE = "/plain"

@@ -39,7 +39,7 @@ def short_texts(count: int, seed: int = SEED) -> list[str]:
 def mixed_texts(count: int, path: str | None = None) -> list[str]:
     """`count` texts evenly spaced over the regression set at `path` (default: the shipped
     one); a BenchError when it cannot be read."""
-    from serve.regression import RegressionSetError, load_set
+    from serve.common.regression import RegressionSetError, load_set
 
     try:
         texts = load_set(path).texts

@@ -14,7 +14,7 @@ look-alike letters inside Latin words); code snippets, JSON fragments and URLs; 
 stack traces; very short inputs (one to three tokens); long rambling texts, some past the
 256-token truncation limit; shouting in capitals with repeated characters. None of its
 vocabulary, emoji or templates comes from `ops.generate.regression_set`, and its default seed is
-another, so no text is shared with `serve/data/regression.jsonl`. Everything comes from one
+another, so no text is shared with `serve/common/data/regression.jsonl`. Everything comes from one
 seeded `random.Random` and the file is written with `\\n` line ends as UTF-8, so it is the same
 on every machine and Python 3.11+. Each text stays under the gateway's default
 `max_item_chars` (8,192), so the set can also be sent through the gateway.

@@ -1,4 +1,4 @@
-"""Generate the default regression set, `serve/data/regression.jsonl`, deterministically.
+"""Generate the default regression set, `serve/common/data/regression.jsonl`, deterministically.
 
     python -m ops.generate.regression_set            # rewrite the shipped file
     python -m ops.generate.regression_set --check    # exit 1 when the shipped file is out of date
@@ -20,7 +20,7 @@ import random
 import sys
 from pathlib import Path
 
-OUTPUT = Path(__file__).resolve().parents[2] / "serve" / "data" / "regression.jsonl"
+OUTPUT = Path(__file__).resolve().parents[2] / "serve" / "common" / "data" / "regression.jsonl"
 SEED = 20240611
 
 TOPICS = {

@@ -14,13 +14,13 @@ from ops.cli.args import UsageError, default_actor
 from ops.verify.report import document, human
 from rollout import Settings, StoreUnavailable, Verdict, thresholds_from
 from rollout.verdict import Thresholds, judge_comparison, worst_slice
-from serve.regression import RegressionSetError
+from serve.common.regression import RegressionSetError
 
 
 def verify(ctx, settings: Settings) -> int:
     args = ctx.args
     from ops.verify import runner  # torch and transformers: imported only now
-    from serve.variants import ModelSourceError
+    from serve.recipes.source import ModelSourceError
 
     try:
         report = runner.run(

@@ -78,7 +78,7 @@ def _auto(variant) -> dict | None:
     choice = getattr(variant, "choice", None)
     if choice is None:
         return None
-    from serve.autopick import describe
+    from serve.recipes.auto.choose import describe
 
     return {"describe": describe(choice), "recipe": choice.recipe, "fallback": choice.fallback,
             "reason": choice.reason,
@@ -97,7 +97,7 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         f"{SPLITS[report.split]}",
     ]
     if report.optimized.plan is not None:
-        from serve.layer_plan import describe
+        from serve.recipes.accuracy_aware import describe
 
         lines.append(f"plan       {describe(report.optimized.plan)}")
     if (auto := _auto(report.optimized)) is not None:

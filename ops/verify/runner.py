@@ -1,9 +1,9 @@
 """`rollout verify`: the offline regression gate between the baseline and the optimized variant.
 
-Loads both configured arms in this process (serve.variants.Variant), each from its own model
+Loads both configured arms in this process (serve.recipes.variants.Variant), each from its own model
 folder and recipe (`CANARY_BASELINE_MODEL_PATH` + `CANARY_BASELINE_RECIPE`, and the optimized
 pair), so `v2 / int8` is judged against `v1 / bf16`. First, from the folders' files alone, both
-arms' label lists must be equal (serve.variants.check_labels); if not, verify refuses before
+arms' label lists must be equal (serve.recipes.source.check_labels); if not, verify refuses before
 loading anything. Then it runs the regression set through both, and measures, side by side in
 one run:
 
@@ -12,7 +12,7 @@ one run:
 - throughput of both variants at each of `verify_batch_sizes`, on the same inputs (an evenly
   spaced sample of the set), tokenization included, in two orders:
   - *served*: length-sorted and cut into batches as the server batches them
-    (serve.batching.served_batches), each forwarded as a replica forwards a merged batch
+    (serve.common.batching.served_batches), each forwarded as a replica forwards a merged batch
     (`Variant.served`: packed under the token budget, split where padding would cost more than
     another forward), so rows are padded to the bucket of similar inputs. The `speedup` the gate
     judges is this ratio at `verify_speed_batch`;
@@ -27,7 +27,7 @@ The agreement pass batches inputs by length (little padding, as a token-budget b
 
 **Judged out of sample.** On the configured regression set (the one the recipes calibrate on,
 recognised by its digest, whatever path `--set` names) the gate judges the *held-out* split
-only (serve.regression: inputs neither a recipe's tuning nor `auto`'s choice saw); the
+only (serve.common.regression: inputs neither a recipe's tuning nor `auto`'s choice saw); the
 calibration split's figures are reported beside them, labelled, and judged by nothing. Another
 set is judged whole (split `external`). Either way each distinct text counts once: later
 copies are folded, and the report says how many. Every judged input is also filed under its slices
@@ -39,7 +39,7 @@ worst slice with at least `verify_min_slice_size` inputs.
 baseline vectors form an index, every 5th judged input is a query (itself excluded), and the
 report gives recall@10 of the optimized arm's queries against it, recall@10 of the baseline's
 queries against an index half re-embedded by the optimized arm, and the share of unchanged
-nearest neighbours, overall and per slice (rollout.retrieval, serve.neighbours); with the
+nearest neighbours, overall and per slice (rollout.retrieval, serve.common.neighbours); with the
 set's own relevance labels (`relevant` / `query_of`), recall against them beside.
 
 The verdict (rollout.verdict, thresholds from the settings `verify_*`) is stored against the
@@ -61,10 +61,11 @@ from rollout.agreement import Pair, Summary, margins, summarize
 from rollout.retrieval import Retrieval
 from rollout.settings import Settings
 from rollout.slices import SliceRow, pair_slice_counts, slice_table, slices_of
-from serve.batching import served_batches
-from serve.neighbours import retrieval_of
-from serve.regression import RegressionSet, load_set
-from serve.variants import Variant, check_labels, labels_of
+from serve.common.batching import served_batches
+from serve.common.neighbours import retrieval_of
+from serve.common.regression import RegressionSet, load_set
+from serve.recipes.source import check_labels, labels_of
+from serve.recipes.variants import Variant
 
 CHUNK = 256  # inputs per progress step of the agreement pass
 

@@ -1,5 +1,6 @@
 """A ramp's HTTP checks: what a plan asks (`Check`), how an answer is judged (`judge`), and the
-narrow interface that fetches one (`Checker`; the HTTP implementation is serve.checks).
+narrow interface that fetches one (`Checker`; the HTTP implementation is
+serve.control_plane.checks).
 
     checks:                                # judged at every step (a step may list its own)
       - name: error-budget                 # default: the URL's host and path

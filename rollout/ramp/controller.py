@@ -46,7 +46,7 @@ class RampController:
                  audit_heartbeat_s: float = 300.0, checker: Checker | None = None,
                  verdict_rules: VerdictRules | None = None):
         self.clock = clock or SystemClock()
-        self.checker = checker  # fetches the plans' HTTP checks (serve.checks.HttpChecker)
+        self.checker = checker  # fetches the plans' HTTP checks (serve.control_plane.checks)
         self.verdict_rules = verdict_rules  # what a verdict must record (rollout.verdict)
         self.states, self.ramps, self.metrics = states, ramps, metrics
         self.rollout = Rollout(states, self.clock)

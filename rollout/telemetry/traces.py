@@ -67,7 +67,7 @@ def summarize(trace_id: str, spans: list[SpanRecord]) -> TraceSummary:
     top = roots(spans)[0]
     attrs = top.get("attrs", {})
     start = min(span["start"] for span in spans)
-    # a shadow comparison ends after the response (serve.shadow): not part of its duration
+    # a shadow comparison ends after the response (serve.gateway.shadow): not part of its duration
     end = max(span["end"] for span in spans if span["name"] != "shadow" or span is top)
     status = attrs.get("http.response.status_code")
     return TraceSummary(

@@ -1,7 +1,7 @@
 """The dashboard's errors, subclasses of the gateway's, so the gateway's one handler answers
 them as JSON `{"error": {"type", "message", "request_id"}}`:
 
-    GatewayError (serve.errors)
+    GatewayError (serve.common.errors)
     ├── InvalidInput           422  a body or query that does not parse or is out of range
     ├── InputTooLarge          413  an action body over 4 KiB
     ├── Unauthorized           401  no or a wrong `Authorization: Bearer` operator token
@@ -22,7 +22,7 @@ shares for its exit codes (rollout.errors.ANSWERS): `dashboard_error`.
 from __future__ import annotations
 
 from rollout.errors import NotAcknowledged, RampNotAllowed, RolloutError, answer_for
-from serve.errors import GatewayError, InputTooLarge, InvalidInput
+from serve.common.errors import GatewayError, InputTooLarge, InvalidInput
 
 __all__ = [
     "ConfirmationRequired", "Conflict", "ControlUnavailable", "InputTooLarge", "InvalidInput",

@@ -1,4 +1,5 @@
-"""The dashboard's HTTP surface, mixed into the gateway deployment (serve.gateway.Gateway).
+"""The dashboard's HTTP surface, mixed into the gateway deployment
+(serve.gateway.deployment.Gateway).
 
     GET  /dashboard                     the page (static, shipped in the package, no CDN)
     GET  /dashboard/static/<file>       its script and style sheet

@@ -44,7 +44,7 @@ from rollout.redis_conn import open_client
 from rollout.redis_layout import Keys
 from rollout.redis_store import call_redis
 from rollout.settings import StateSettings, TelemetrySettings
-from serve.errors import GatewayError
+from serve.common.errors import GatewayError
 
 log = logging.getLogger("canary.metrics_targets")
 

@@ -29,8 +29,8 @@ from rollout.policy import RoutingDecision
 from rollout.telemetry.redis_store import WindowItem
 from rollout.telemetry.windows import Attempt, RequestRecord
 from rollout.watcher import StateView
-from serve.answer import ModelAnswer
-from serve.errors import ModelTimeout, Overloaded
+from serve.common.answer import ModelAnswer
+from serve.common.errors import ModelTimeout, Overloaded
 from serve.telemetry.instruments import GatewayMetrics
 from serve.telemetry.otel import Telemetry
 from serve.telemetry.tracing import extract, inject
@@ -67,7 +67,7 @@ def call_outcome(exc: BaseException | None) -> str:
 def attempt_from(arm: str, result: ModelAnswer, items: int, price: float = 0.0) -> Attempt:
     """What an answered model call reports (its `timing`, `batch`, `queue`) as an Attempt;
     its compute time is its share (by items) of the batch's forward, priced per device-hour;
-    its CPU seconds (`cpu_s`, by rows) are what the replica measured (serve.cputime)."""
+    its CPU seconds (`cpu_s`, by rows) are what the replica measured (serve.replica.cputime)."""
     timing, batch = result.timing, result.batch
     stages = {"preprocess": timing.preprocess, "queue": timing.queue,
               "forward": timing.model, "postprocess": timing.postprocess}
@@ -89,17 +89,17 @@ class Observer:
 
     def start(self, request_id: str, headers: Mapping[str, str], protocol: str = "native",
               path: str | None = None) -> Observation:
-        """`protocol`: the front door it came through (serve.protocols), in its span, metrics
-        and log line; `path`: its URL path (the span's name)."""
+        """`protocol`: the front door it came through (serve.gateway.protocols), in its span,
+        metrics and log line; `path`: its URL path (the span's name)."""
         if not self.telemetry.enabled:
             return NULL_OBSERVATION
         return Observation(self, request_id, headers, protocol, path or "/v1/predict")
 
     @_never_raises
     def shed(self, latency_ms: float) -> None:
-        """A request shed at the ingress (serve.ingress) under overload: counted in the metrics
-        (503, `overloaded`) and nothing else. A span, a window record and a log line per shed
-        request would cost the CPU that the admitted requests need."""
+        """A request shed at the ingress (serve.gateway.ingress) under overload: counted in the
+        metrics (503, `overloaded`) and nothing else. A span, a window record and a log line per
+        shed request would cost the CPU that the admitted requests need."""
         if self.telemetry.enabled:
             self.metrics.record(RequestRecord(None, 503, latency_ms), Overloaded.type, None)
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from serve import ray_env
-from serve.autopick import candidates, detect_hardware
+from serve.recipes.auto.choose import candidates, detect_hardware
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8000"
-# `auto` measures its candidates on the first start on a machine (serve.autopick): minutes once
+# `auto` measures its candidates on the first start on a machine (serve.recipes.auto.choose):
+# minutes once
 FIRST_START_S = 600
 STOP_S = 20  # Ctrl-C to exit, at most (it takes ~10 s on 2 cores)
 

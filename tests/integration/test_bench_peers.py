@@ -25,7 +25,8 @@ def test_litserve_serves_the_packaged_model_as_the_gateway_embeds_it(tmp_path):
     import torch
 
     from rollout import Settings
-    from serve.variants import Variant, model_dir
+    from serve.recipes.source import model_dir
+    from serve.recipes.variants import Variant
 
     settings = Settings()
     peer, folder = PEERS["litserve"], model_dir(settings)

@@ -1,5 +1,5 @@
 """The colocated topology end to end: the same app with both models loaded in the gateway's
-replica (serve.colocated), as a second Serve application in the shared test cluster, on the
+replica (serve.gateway.colocated), as a second Serve application in the shared test cluster, on the
 shared Redis under its own app name.
 
 The contract is the remote topology's: the tests below are the shared app's own, imported and

@@ -16,7 +16,7 @@ from ops import cli
 from rollout.flips import FlipItem, FlipRecord
 from rollout.redis_layout import Keys
 from rollout.telemetry.redis_store import RedisTelemetry
-from serve.regression import load_set
+from serve.common.regression import load_set
 
 pytestmark = pytest.mark.integration
 

@@ -405,7 +405,7 @@ def _threads_become(expected: dict[str, int], timeout: float = 15.0) -> dict[str
 
 
 def test_model_threads_follow_the_share_and_the_kill_switch(gw):
-    """serve.thread_share in the real app: each model replica watches the rollout state."""
+    """serve.replica.thread_share in the real app: each model replica watches the rollout state."""
     import os
 
     cores = os.cpu_count()

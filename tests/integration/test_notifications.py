@@ -22,8 +22,8 @@ from rollout.events import event_from_audit
 from rollout.ramp import RampControl, parse_plan
 from rollout.ramp.redis_store import RedisRampStore
 from rollout.redis_store import RedisStateStore
-from serve.notify import RedisLedger, start_notifications
-from serve.webhooks import WebhookSender
+from serve.control_plane.notify import RedisLedger, start_notifications
+from serve.control_plane.webhooks import WebhookSender
 from tests.ramp_harness import PLAN
 from tests.webhook_receiver import Receiver
 

@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from rollout import RolloutState, Settings, StateView, decide
-from serve.answer import BatchShape, ModelAnswer, StageTiming
+from serve.common.answer import BatchShape, ModelAnswer, StageTiming
 from serve.telemetry.observe import Observer
 from serve.telemetry.otel import Telemetry
 from serve.telemetry.tracing import Marks, WallClock, record_model_spans

@@ -1,5 +1,5 @@
-"""The front doors end to end (serve.protocols), on the shared real app (real Ray Serve, real
-Redis, real HTTP), with the clients teams already have: the `openai` SDK, `tritonclient.http`
+"""The front doors end to end (serve.gateway.protocols), on the shared real app (real Ray Serve,
+real Redis, real HTTP), with the clients teams already have: the `openai` SDK, `tritonclient.http`
 and `huggingface_hub`'s InferenceClient. Each gets the answer `POST /v1/predict` gives for the
 same routing key; the share, the kill switch and header routes reach every door; bad input is
 each protocol's own 4xx."""

@@ -1,6 +1,6 @@
 """A ramp's HTTP checks and progress deadline end to end: the controller, as the shipped
 `controller` Redis user, ticks on a fake clock against a real Redis, and the real HTTP checker
-(serve.checks) asks a real local HTTP server."""
+(serve.control_plane.checks) asks a real local HTTP server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rollout import DeploymentReport, FakeClock, Verdict
 from rollout.ramp import RampControl, RampController, parse_plan
 from rollout.ramp.redis_store import RedisRampStore
 from rollout.redis_store import RedisStateStore
-from serve.checks import HttpChecker
+from serve.control_plane.checks import HttpChecker
 from tests.ramp_harness import PLAN, ScriptedMetrics, stats
 from tests.unit.test_ramp_checks import Receiver
 

@@ -176,7 +176,7 @@ def test_the_cli_steers_a_ramp_in_redis(secured, stores, app):
 def test_the_deployment_runs_the_loop_as_the_controller_user_and_reports_a_dead_loop(
         secured, app):
     from rollout import Settings
-    from serve.controller import RampControllerDeployment
+    from serve.control_plane.controller import RampControllerDeployment
 
     settings = Settings(redis_url=secured.url_for("gateway"), app_name=app,
                         control_redis_url=secured.url_for("controller"),

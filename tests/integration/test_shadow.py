@@ -155,7 +155,7 @@ def _status_json(gw) -> dict:
 
 def test_a_failure_while_starting_a_shadow_never_fails_the_answered_request(caplog):
     """No Serve app needed: the gateway's guard around the shadow offer, on a bare instance."""
-    from serve.gateway import Gateway
+    from serve.gateway.deployment import Gateway
     from serve.telemetry.observe import NULL_OBSERVATION
 
     class BrokenWatcher:

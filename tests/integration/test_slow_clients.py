@@ -1,5 +1,5 @@
 """Slow clients, clients that go away, hostile request ids and expired work, against the real
-Serve app (HAProxy in front, serve.ingress installed as Serve's HTTP proxy callback)."""
+Serve app (HAProxy in front, serve.gateway.ingress installed as Serve's HTTP proxy callback)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
 def test_a_request_is_refused_at_once_only_when_it_would_miss_its_own_deadline(gw):
     """Each baseline batch takes 300 ms. With `X-Request-Timeout-Ms: 1000`, of 40 concurrent
     requests those that would be answered after a second are refused at once with 503 and a
-    Retry-After (serve.admission); without the header (the server's 5 s) the same 40 are all
+    Retry-After (serve.gateway.admission); without the header (the server's 5 s) the same 40 are all
     answered: a bounded queue is not refused. A malformed header is a 400 naming it."""
     gw.redeploy({"baseline": {"fault_delay_ms": 300}})
     for i in range(3):  # the arm's rate, measured

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from rollout.redis_layout import Keys
-from serve.variants import versions
+from serve.recipes.source import versions
 from tests.tiny_model import make_tiny_encoder
 
 pytestmark = pytest.mark.integration

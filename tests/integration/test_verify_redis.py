@@ -9,7 +9,7 @@ import pytest
 
 from ops import cli
 from rollout.redis_store import RedisStateStore
-from serve.regression import load_set
+from serve.common.regression import load_set
 from tests.tiny_model import make_tiny_encoder
 
 pytestmark = pytest.mark.integration

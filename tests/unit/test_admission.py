@@ -1,9 +1,9 @@
-"""Admission by deadline (serve.admission): the predicted wait, the header's parsing and cap,
-the memory cap, the door, and a request that leaves freeing its place at once."""
+"""Admission by deadline (serve.gateway.admission): the predicted wait, the header's parsing and
+cap, the memory cap, the door, and a request that leaves freeing its place at once."""
 
 import pytest
 
-from serve.admission import (
+from serve.gateway.admission import (
     RATE_WINDOW_S,
     Admission,
     ArmQueue,

@@ -1,5 +1,5 @@
-"""The model's answer (serve.answer): frozen, pickled across the Ray call, its stages in order
-for `Server-Timing`, and the coalesced call's size set on a copy."""
+"""The model's answer (serve.common.answer): frozen, pickled across the Ray call, its stages in
+order for `Server-Timing`, and the coalesced call's size set on a copy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from serve.answer import BatchShape, ModelAnswer, StageTiming
-from serve.gateway import batch_timing, server_timing
+from serve.common.answer import BatchShape, ModelAnswer, StageTiming
+from serve.gateway.exchange import batch_timing, server_timing
 
 ANSWER = ModelAnswer(arm="optimized", model_version="bf16-x", outputs=[{"label": "sports"}],
                      tokens=7, batch=BatchShape(requests=3, items=5), queue=2,

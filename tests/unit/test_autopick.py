@@ -1,5 +1,6 @@
-"""`auto`'s choice by measurement (serve.autopick): candidates, pick, cache, and the calibration
-measurement itself on a stub variant whose rows are crafted (no Ray, no Redis, no real model)."""
+"""`auto`'s choice by measurement (serve.recipes.auto.choose): candidates, pick, cache, and the
+calibration measurement itself on a stub variant whose rows are crafted (no Ray, no Redis, no real
+model)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 from rollout import FakeClock, Settings
 from rollout.agreement import wilson_interval
 from rollout.verdict import thresholds_from
-from serve.autopick import (
+from serve.common.regression import load_set
+from serve.recipes.auto.choose import (
     Choice,
     Evidence,
     Hardware,
@@ -27,8 +29,7 @@ from serve.autopick import (
     detect_hardware,
     measure,
 )
-from serve.cpu_flags import bf16_native, cpu_flags
-from serve.regression import load_set
+from serve.recipes.cpu_flags import bf16_native, cpu_flags
 
 AVX2 = Hardware("cpu", bf16=False, flags=("avx2",))
 SAPPHIRE = Hardware("cpu", bf16=True, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
@@ -333,7 +334,7 @@ class StubVariant:
 
     def base_row(self, i):
         """The label scores in the first three dimensions; a small direction of its own in
-        the others, so that inputs have distinct nearest neighbours (serve.neighbours)."""
+        the others, so that inputs have distinct nearest neighbours (serve.common.neighbours)."""
         values = NEAR_TIE if self.near_tie(i) else CONFIDENT
         row = torch.cat([_unit(*values).roll(i % 3), 0.1 * _own(i)])
         return row / row.norm()

@@ -1,9 +1,10 @@
-"""Token-budgeted packing and out-of-memory splitting (serve.batching), with a fake forward."""
+"""Token-budgeted packing and out-of-memory splitting (serve.common.batching), with a fake
+forward."""
 
 import pytest
 import torch
 
-from serve.batching import Expired, Row, RowsDidNotFit, pack, run_budgeted
+from serve.common.batching import Expired, Row, RowsDidNotFit, pack, run_budgeted
 
 
 def fake_forward(calls, oom_over=None, oom_rows=()):
@@ -71,7 +72,7 @@ def test_the_failure_survives_pickling_across_processes():
 
 
 def test_padded_widths_are_few_buckets_that_hold_the_row():
-    from serve.batching import PAD_WIDTHS, padded_width
+    from serve.common.batching import PAD_WIDTHS, padded_width
 
     widths = {padded_width(n) for n in range(1, 513)}
     assert widths == set(PAD_WIDTHS)  # 19 shapes up to 512 tokens
@@ -104,7 +105,7 @@ def test_splitting_keeps_results_in_order():
 
 
 def test_served_batches_sort_by_length_then_cut_by_batch_size():
-    from serve.batching import padded_width, served_batches
+    from serve.common.batching import padded_width, served_batches
 
     lengths = [40, 3, 250, 12, 3, 90, 7]
     batches = served_batches(lengths, 3)

@@ -309,7 +309,7 @@ def test_the_short_workload_is_uniform_12_token_texts_on_every_machine():
 
 
 def test_the_mixed_workload_is_the_regression_set_evenly_spaced():
-    from serve.regression import load_set
+    from serve.common.regression import load_set
 
     every = load_set(None).texts
     texts = workload.texts("mixed", 16)

@@ -162,7 +162,7 @@ def test_the_plain_endpoint_takes_the_gateways_body():
 def test_a_plain_batch_answers_each_text_as_the_baseline_variant_does(tmp_path):
     from ops.bench import plain
     from rollout.settings import Settings
-    from serve.variants import Variant
+    from serve.recipes.variants import Variant
     from tests.tiny_model import make_tiny_encoder
 
     settings = Settings(model_path=str(make_tiny_encoder(tmp_path / "enc")))

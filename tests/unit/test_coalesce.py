@@ -1,12 +1,13 @@
-"""Coalescing concurrent requests into shared model calls (serve.coalesce), against a scripted
-`send` whose calls the test opens and closes."""
+"""Coalescing concurrent requests into shared model calls (serve.gateway.coalesce), against a
+scripted `send` whose calls the test opens and closes."""
 
 import asyncio
 import pickle
 
 import pytest
 
-from serve.coalesce import CallFailed, Coalescer
+from serve.common.answer import CallFailed
+from serve.gateway.coalesce import Coalescer
 
 
 class ScriptedSend:

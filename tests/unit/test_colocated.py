@@ -1,4 +1,4 @@
-"""The colocated topology's in-process arms (serve.colocated) and how the app is built for
+"""The colocated topology's in-process arms (serve.gateway.colocated) and how the app is built for
 each topology (serve.config.build)."""
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from rollout import Settings
-from serve.colocated import LocalHandle, reconfigure
+from serve.gateway.colocated import LocalHandle, reconfigure
 
 
 class FakeServer:
@@ -140,7 +140,7 @@ def two_servers(tmp_path_factory):
     `max_ongoing_requests`, read from the replica's context: there is none outside Serve."""
     from ray.serve.batching import _BatchQueue
 
-    from serve.model import ModelServer
+    from serve.replica.model_server import ModelServer
     from tests.tiny_model import make_tiny_encoder
 
     patch = pytest.MonkeyPatch()

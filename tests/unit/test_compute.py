@@ -1,11 +1,12 @@
-"""Compute follows the share (serve.thread_share): the policy, and the follower on a state store."""
+"""Compute follows the share (serve.replica.thread_share): the policy, and the follower on a state
+store."""
 
 import pytest
 
 from rollout.clock import FakeClock
 from rollout.control import Rollout
 from rollout.store import MemoryStateStore
-from serve.thread_share import ComputeFollower, threads_for
+from serve.replica.thread_share import ComputeFollower, threads_for
 
 POLL_S, STALENESS_S = 0.5, 2.0
 

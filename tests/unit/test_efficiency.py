@@ -1,7 +1,8 @@
 """Realized efficiency on live traffic: the cost per input and the realized
 speedup with its interval (rollout.efficiency), the counters a request adds to the windows
 (rollout.telemetry.window_fields) and reads back (rollout.telemetry.window_stats), a replica's
-measurement (serve.cputime) and the `realized_speedup` ramp gate. Seeded, no Redis, no Ray."""
+measurement (serve.replica.cputime) and the `realized_speedup` ramp gate. Seeded, no Redis, no
+Ray."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from rollout.ramp import PlanError, parse_plan
 from rollout.ramp.gates import GATES_BY_NAME, judge_gates
 from rollout.telemetry.windows import Attempt, MemoryHashes, RequestRecord, Windows, merge_fields
 from rollout.telemetry.windows import aggregate as aggregate_arm
-from serve.answer import BatchShape, ModelAnswer, StageTiming
-from serve.cputime import ForwardClock, burn_cpu, shares
+from serve.common.answer import BatchShape, ModelAnswer, StageTiming
+from serve.replica.cputime import ForwardClock, burn_cpu, shares
 from serve.telemetry.observe import attempt_from
 from tests.ramp_harness import PLAN, Harness, ScriptedMetrics, stats
 
@@ -203,7 +204,7 @@ def test_seconds_of_windows_sum_into_the_arms_cpu_and_old_hashes_still_read():
 
 
 def test_a_batch_is_shared_by_rows_among_the_requests_answered():
-    from serve.batching import Expired, RowsDidNotFit
+    from serve.common.batching import Expired, RowsDidNotFit
 
     assert shares(0.6, [1, 2, 3], ["a", "b", "c"]) == pytest.approx([0.1, 0.2, 0.3])
     got = shares(0.6, [1, 2, 3], ["a", Expired(), RowsDidNotFit([0], "oom")])

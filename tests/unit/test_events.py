@@ -24,8 +24,8 @@ from rollout.events import (
     webhook_health,
 )
 from rollout.ramp import CONTROLLER
-from serve.notify import AuditTailer, StoreOutageNotifier
-from serve.webhooks import MemoryLedger, WebhookSender
+from serve.control_plane.notify import AuditTailer, StoreOutageNotifier
+from serve.control_plane.webhooks import MemoryLedger, WebhookSender
 from tests.webhook_receiver import Receiver
 
 

@@ -1,5 +1,5 @@
-"""Flip capture (rollout.flips, serve.shadow) and `rollout flips` against in-memory twins: the
-capture policy (off by default, max chars, the redaction hook dropping, changing or raising),
+"""Flip capture (rollout.flips, serve.gateway.shadow) and `rollout flips` against in-memory twins:
+the capture policy (off by default, max chars, the redaction hook dropping, changing or raising),
 the record's fields, the bounds of the stream's twin, and the export format read back by the
 regression-set loader. No Redis, no Ray."""
 
@@ -28,9 +28,9 @@ from rollout.flips import (
 )
 from rollout.redis_layout import Keys
 from rollout.shadow import ShadowItem, aggregate_shadow
-from serve.answer import BatchShape, ModelAnswer, StageTiming
-from serve.regression import load_set
-from serve.shadow import Shadow, flip_capture
+from serve.common.answer import BatchShape, ModelAnswer, StageTiming
+from serve.common.regression import load_set
+from serve.gateway.shadow import Shadow, flip_capture
 from serve.telemetry.otel import Telemetry
 
 NOW = 1_700_000_000.0

@@ -1,5 +1,5 @@
-"""The gateway's hold on an `Idempotency-Key` (serve.idempotent `Idempotency.claim`), over the
-in-memory store: a replay, a refusal, the response stored on success, and the key released in
+"""The gateway's hold on an `Idempotency-Key` (serve.gateway.idempotent `Idempotency.claim`), over
+the in-memory store: a replay, a refusal, the response stored on success, and the key released in
 one place however the block ends (an error response, a bug, a cancelled request)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from rollout.errors import StoreRefused
 from rollout.idempotency import Budget, MemoryIdempotencyStore
 from rollout.settings import ServingSettings, StateSettings
 from rollout.watcher import error_kind
-from serve.errors import InProgress, InvalidInput, KeyReused
-from serve.idempotent import Idempotency
+from serve.common.errors import InProgress, InvalidInput, KeyReused
+from serve.gateway.idempotent import Idempotency
 
 RESPONSE = {"status": 200, "body": {"arm": "baseline"}, "headers": {"X-Request-ID": "r1"}}
 

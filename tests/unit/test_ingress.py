@@ -1,4 +1,4 @@
-"""serve.ingress: bodies received under a deadline before the app runs, outside any slot;
+"""serve.gateway.ingress: bodies received under a deadline before the app runs, outside any slot;
 request ids made safe to echo. Driven as ASGI with a scripted client."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 import pytest
 
 from rollout.settings import Settings
-from serve.ingress import (
+from serve.gateway.ingress import (
     BODY,
     BODY_PROBLEM,
     BUSY,
@@ -206,7 +206,7 @@ class Saturated:
 
 
 def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeypatch):
-    from serve import ingress
+    from serve.gateway import ingress
 
     shed: list[float] = []
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
@@ -236,7 +236,7 @@ def test_with_the_admission_saturated_a_prediction_is_shed_here_with_503(monkeyp
 
 def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connection(
         monkeypatch):
-    from serve import ingress
+    from serve.gateway import ingress
 
     class Becomes:
         def __init__(self):
@@ -259,7 +259,7 @@ def test_saturated_while_the_body_arrived_the_request_is_shed_keeping_the_connec
 
 
 def test_the_door_judges_the_requests_own_timeout_and_sends_its_retry_after(monkeypatch):
-    from serve import ingress
+    from serve.gateway import ingress
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     door = Saturated(True, retry_after=3)
@@ -289,7 +289,7 @@ def test_a_prediction_let_through_holds_its_slot_until_answered_and_its_arrival_
     slot is taken here once the body is in, and given back when the app has answered."""
     import time
 
-    from serve import ingress
+    from serve.gateway import ingress
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     admission = Saturated(False)
@@ -318,7 +318,7 @@ def test_refused_on_arrival_a_small_body_is_read_so_the_connection_carries_the_n
     """Closing the connection of every refused request makes clients and HAProxy open a new
     one for each, which waits to be accepted: only a large body is left unread (and the
     connection closed)."""
-    from serve import ingress
+    from serve.gateway import ingress
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     ingress.configure(settings(), settings(), Saturated(True, retry_after=2), lambda ms: None)
@@ -340,7 +340,7 @@ def test_refused_on_arrival_a_small_body_is_read_so_the_connection_carries_the_n
 
 
 def test_shed_at_the_memory_cap_the_answer_says_so(monkeypatch):
-    from serve import ingress
+    from serve.gateway import ingress
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     ingress.configure(settings(), settings(), Saturated(True, at_cap=True), lambda ms: None)
@@ -353,8 +353,8 @@ def test_shed_at_the_memory_cap_the_answer_says_so(monkeypatch):
 def test_the_deadline_header_is_read_once_and_handed_on_with_the_request(monkeypatch):
     """The door asks twice (on arrival, and once the body is in) and the gateway reads the
     deadline from the scope: the header is parsed here, once."""
-    from serve import admission, ingress
-    from serve.ingress import TIMEOUT_S
+    from serve.gateway import admission, ingress
+    from serve.gateway.ingress import TIMEOUT_S
 
     parsed: list[str | None] = []
     real = admission.requested_timeout_s

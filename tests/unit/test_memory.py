@@ -1,10 +1,10 @@
-"""serve.memory_trim: free memory returned to the OS after a burst."""
+"""serve.replica.memory_trim: free memory returned to the OS after a burst."""
 
 import sys
 
 import pytest
 
-from serve import memory_trim
+from serve.replica import memory_trim
 
 
 def test_the_trimmer_is_due_after_enough_tokens_and_resets():

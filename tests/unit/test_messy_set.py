@@ -9,7 +9,7 @@ import pytest
 from ops.generate import messy_set as messy
 from ops.generate import regression_set as shipped
 from rollout.settings import DEFAULT_LABELS, Settings
-from serve.regression import DEFAULT_SET, load_set
+from serve.common.regression import DEFAULT_SET, load_set
 
 KINDS = ("review", "social", "salad", "mixed-script", "code", "log", "short", "long", "shouting")
 

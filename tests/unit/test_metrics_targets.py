@@ -223,7 +223,7 @@ def test_the_registry_carries_the_replica_as_service_instance_id():
 
 
 def test_the_targets_route_is_declared_in_openapi():
-    from serve.gateway import api
+    from serve.gateway.deployment import api
 
     api.openapi_schema = None
     document = json.loads(json.dumps(api.openapi()))

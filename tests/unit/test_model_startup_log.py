@@ -1,10 +1,11 @@
-"""A model replica's start-up progress reaches the console of `serve run` (serve.model)."""
+"""A model replica's start-up progress reaches the console of `serve run`
+(serve.replica.model_server)."""
 
 import logging
 import os
 import sys
 
-from serve.model import startup_log
+from serve.replica.model_server import startup_log
 
 
 class ToLogger:

@@ -18,18 +18,18 @@ PACKAGES = ("rollout", "serve", "ops")
 SECTION = "## Same concept, two layers"
 
 SAME_CONCEPT = {
-    "checks": {"rollout/ramp/checks.py", "serve/checks.py"},
+    "checks": {"rollout/ramp/checks.py", "serve/control_plane/checks.py"},
     "command": {"ops/drill/command.py", "ops/verify/command.py"},
     "control": {"rollout/control.py", "rollout/ramp/control.py"},
-    "controller": {"rollout/ramp/controller.py", "serve/controller.py"},
-    "errors": {"rollout/errors.py", "serve/errors.py", "serve/dashboard/errors.py",
+    "controller": {"rollout/ramp/controller.py", "serve/control_plane/controller.py"},
+    "errors": {"rollout/errors.py", "serve/common/errors.py", "serve/dashboard/errors.py",
                "ops/cli/errors.py"},
     "flips": {"rollout/flips.py", "ops/cli/flips.py"},
     "ramp": {"rollout/ramp/", "serve/dashboard/ramp.py", "ops/cli/ramp.py"},
     "redis_store": {"rollout/redis_store.py", "rollout/ramp/redis_store.py",
                     "rollout/telemetry/redis_store.py"},
     "report": {"ops/bench/report.py", "ops/verify/report.py"},
-    "shadow": {"rollout/shadow.py", "serve/shadow.py"},
+    "shadow": {"rollout/shadow.py", "serve/gateway/shadow.py"},
     "slices": {"rollout/slices.py", "ops/cli/slices.py"},
     "store": {"rollout/store.py", "rollout/ramp/store.py"},
     "telemetry": {"rollout/telemetry/", "serve/telemetry/", "ops/cli/telemetry.py"},

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from rollout import Settings
-from serve.artifact import MANIFEST, artifact_key, check, load_or_build
-from serve.batching import PAD_WIDTHS
-from serve.cpu_flags import read_cpu_flags
-from serve.onnxrt import OrtModel
-from serve.onnxrt.build import MODEL
-from serve.onnxrt.calibrate import Score, node_layers, quantizable, weight_type_for
-from serve.variants import Variant, variant_version, weights_digest
+from serve.common.batching import PAD_WIDTHS
+from serve.recipes.artifact import MANIFEST, artifact_key, check, load_or_build
+from serve.recipes.cpu_flags import read_cpu_flags
+from serve.recipes.onnx import OrtModel
+from serve.recipes.onnx.build import MODEL
+from serve.recipes.onnx.calibrate import Score, node_layers, quantizable, weight_type_for
+from serve.recipes.source import variant_version, weights_digest
+from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
 
 TEXTS = ["a short one", "a somewhat longer input sentence for the encoder", "third", "x " * 40]
@@ -79,7 +80,7 @@ def test_cached_artifact_is_loaded_not_rebuilt(int8, encoder_dir, onnx_dir, monk
     def no_export(*_a, **_k):
         raise AssertionError("the cached artifact should have been used")
 
-    monkeypatch.setattr("serve.onnxrt.build.export", no_export)
+    monkeypatch.setattr("serve.recipes.onnx.build.export", no_export)
     again = Variant(_settings(encoder_dir, onnx_dir, "onnx-int8"), "optimized")
     assert again.version == int8.version
     assert _artifact_folder(again) == _artifact_folder(int8)
@@ -176,7 +177,7 @@ def test_onnx_recipes_refuse_cuda(encoder_dir, onnx_dir):
 
 def test_ct2_int8_converts_caches_and_answers_close_to_fp32(baseline, encoder_dir, tmp_path,
                                                              monkeypatch):
-    from serve.ct2 import FILES, Ct2Model
+    from serve.recipes.ct2_int8 import FILES, Ct2Model
 
     settings = _settings(encoder_dir, tmp_path, "ct2-int8")
     opt = Variant(settings, "optimized")
@@ -238,7 +239,7 @@ def ov_int8(encoder_dir, onnx_dir):
 
 def test_ov_int8_quantizes_caches_and_answers_close_to_fp32(baseline, ov_int8, encoder_dir,
                                                             onnx_dir, monkeypatch):
-    from serve.ovint8 import ALPHAS, FILES, PRECISION_HINT, OvModel
+    from serve.recipes.ov_int8 import ALPHAS, FILES, PRECISION_HINT, OvModel
 
     assert isinstance(ov_int8.model, OvModel) and ov_int8.model.threads == torch.get_num_threads()
     decision = ov_int8.decision
@@ -254,7 +255,7 @@ def test_ov_int8_quantizes_caches_and_answers_close_to_fp32(baseline, ov_int8, e
     check(folder, folder.name, FILES)
     other = dict(ov_int8.decision, precision_hint="bf16")  # a hint changes answers: a version
     assert variant_version(ov_int8.weights, "ov-int8", decision=other) != ov_int8.version
-    monkeypatch.setattr("serve.ovint8._search",
+    monkeypatch.setattr("serve.recipes.ov_int8._search",
                         lambda *_a, **_k: pytest.fail("the cached model should have been used"))
     again = Variant(_settings(encoder_dir, onnx_dir, "ov-int8"), "optimized")
     assert again.version == ov_int8.version
@@ -263,8 +264,8 @@ def test_ov_int8_quantizes_caches_and_answers_close_to_fp32(baseline, ov_int8, e
 
 def test_ov_int8_keeps_sensitive_layers_when_no_alpha_reaches_the_target(baseline, encoder_dir,
                                                                         tmp_path, monkeypatch):
-    from serve import ovint8
-    from serve.onnxrt.calibrate import Score
+    from serve.recipes import ov_int8 as ovint8
+    from serve.recipes.onnx.calibrate import Score
 
     settings = _settings(encoder_dir, tmp_path, "ov-int8")
     kept_counts = []
@@ -278,7 +279,7 @@ def test_ov_int8_keeps_sensitive_layers_when_no_alpha_reaches_the_target(baselin
         return lambda _model: Score(0.999 if kept_counts[-1] >= 3 else 0.9, 0)
 
     monkeypatch.setattr(ovint8, "_quantize", recording)
-    monkeypatch.setattr("serve.onnxrt.build.judge", judge)
+    monkeypatch.setattr("serve.recipes.onnx.build.judge", judge)
     opt = Variant(settings, "optimized")
     decision = opt.model.manifest["decision"]
     assert len(decision["kept"]) == 3  # the binary search's fewest
@@ -293,7 +294,7 @@ def test_ov_int8_keeps_sensitive_layers_when_no_alpha_reaches_the_target(baselin
 
 
 def test_ov_int8_layer_names_map_to_torch_linears():
-    from serve.ovint8 import layer_of
+    from serve.recipes.ov_int8 import layer_of
 
     assert layer_of("/model/encoder/layer.0/output/dense/MatMul") == "encoder.layer.0.output.dense"
     assert layer_of("/encoder/layer.1/attention/self/query/MatMul") == (
@@ -303,7 +304,7 @@ def test_ov_int8_layer_names_map_to_torch_linears():
 
 
 def test_ov_int8_corrupt_artifact_is_rebuilt_not_served(ov_int8, encoder_dir, tmp_path):
-    from serve.ovint8 import FILES
+    from serve.recipes.ov_int8 import FILES
 
     settings = _settings(encoder_dir, tmp_path, "ov-int8")
     first = Variant(settings, "optimized")
@@ -334,13 +335,13 @@ def test_ov_int8_resizes_and_serves_a_classifier_head(tmp_path):
 
 def test_openvino_is_imported_with_its_telemetry_declined(tmp_path):
     """`import openvino` asks openvino-telemetry for consent, which writes ~/intel and would try
-    the network; serve.ovint8 declines it for the import and restores the environment."""
+    the network; serve.recipes.ov_int8 declines it for the import and restores the environment."""
     import os
     import subprocess
     import sys
 
-    code = ("import os; from serve.ovint8 import runtime; runtime().Core(); "
-            "import serve.ovint8 as o; o._versions(); "
+    code = ("import os; from serve.recipes.ov_int8 import runtime; runtime().Core(); "
+            "import serve.recipes.ov_int8 as o; o._versions(); "
             "print(os.environ.get('CI'), os.environ.get('NNCF_CI'))")
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI")}
     env["HOME"] = str(tmp_path)

@@ -8,9 +8,9 @@ import json
 import pytest
 from fastapi.responses import JSONResponse
 
-from serve.errors import ClientGone, ErrorBody, GatewayError, error_response
-from serve.gateway import api
-from serve.schemas import PredictRequest, PredictResponse
+from serve.common.errors import ClientGone, ErrorBody, GatewayError, error_response
+from serve.gateway.deployment import api
+from serve.gateway.schemas import PredictRequest, PredictResponse
 
 PREDICT_ERRORS = {"400", "403", "408", "409", "413", "422", "500", "503", "504"}
 
@@ -64,8 +64,8 @@ def test_predict_declares_every_error_status_with_the_error_body(document):
 
 def test_every_error_the_gateway_sends_has_its_status_declared(document):
     responses = document["paths"]["/v1/predict"]["post"]["responses"]
-    sent = [cls for cls in GatewayError.__subclasses__()  # the request path's (serve.errors)
-            if cls.__module__ == "serve.errors" and cls is not ClientGone]
+    sent = [cls for cls in GatewayError.__subclasses__()  # the request path's (serve.common.errors)
+            if cls.__module__ == "serve.common.errors" and cls is not ClientGone]
     assert sent, "no error classes found"
     for cls in sent:
         assert str(cls.status) in responses, f"{cls.__name__} ({cls.status}) is not declared"

@@ -9,10 +9,11 @@ import torch
 
 from rollout import Settings
 from rollout.agreement import wilson_interval
-from serve.layer_plan import describe, plan_digest
-from serve.recipes import Int8Linear, linear_names
-from serve.regression import DEFAULT_SET, load_set
-from serve.variants import Variant, variant_version, versions
+from serve.common.regression import DEFAULT_SET, load_set
+from serve.recipes.accuracy_aware import describe, plan_digest
+from serve.recipes.eager import Int8Linear, linear_names
+from serve.recipes.source import variant_version, versions
+from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
 
 TARGET = 0.97

@@ -1,12 +1,14 @@
-"""Gateway-side tokenization (serve.preprocess) against the model's own, on the tiny encoder."""
+"""Gateway-side tokenization (serve.gateway.preprocess) against the model's own, on the tiny
+encoder."""
 
 import asyncio
 
 import pytest
 
 from rollout import Settings
-from serve.preprocess import Preprocessor
-from serve.variants import Encoded, Variant
+from serve.gateway.preprocess import Preprocessor
+from serve.recipes.source import Encoded
+from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
 
 TEXTS = ["short", "a somewhat longer input with more words in it " * 40, "émoji 🎉 text"]
@@ -61,7 +63,7 @@ def test_a_tokenizer_failure_sends_the_texts(encoder_dir):
 
 
 def test_large_requests_are_tokenized_in_the_pool_small_ones_inline(encoder_dir):
-    from serve.preprocess import INLINE_CHARS
+    from serve.gateway.preprocess import INLINE_CHARS
 
     settings = Settings(model_path=str(encoder_dir), max_tokens=512)
     variant = Variant(settings, "baseline")

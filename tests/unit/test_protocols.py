@@ -1,6 +1,6 @@
 """The front doors' pieces without Ray: a request shed at the door answered in its protocol's
-shape (serve.ingress with serve.protocols.shed_response), the binary tensor codec
-(serve.protocols.tensors) and the served model's name (serve.protocols.door)."""
+shape (serve.gateway.ingress with serve.gateway.protocols.shed_response), the binary tensor codec
+(serve.gateway.protocols.tensors) and the served model's name (serve.gateway.protocols.door)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from rollout.settings import ModelSettings
-from serve.protocols import predicts
-from serve.protocols.door import BadRequest, served_name
-from serve.protocols.tensors import bytes_elements, bytes_tensor, fp32_tensor, split_body
+from serve.gateway.protocols import predicts
+from serve.gateway.protocols.door import BadRequest, served_name
+from serve.gateway.protocols.tensors import bytes_elements, bytes_tensor, fp32_tensor, split_body
 from tests.unit.test_ingress import Saturated, Sent, client, scope, settings
 
 
@@ -29,7 +29,7 @@ from tests.unit.test_ingress import Saturated, Sent, client, scope, settings
 ])
 def test_a_request_shed_at_the_door_is_answered_in_its_protocols_shape(monkeypatch, path,
                                                                        shape):
-    from serve import ingress
+    from serve.gateway import ingress
 
     monkeypatch.setattr(ingress, "_gateway", ingress._Gateway())
     shed: list[float] = []
@@ -70,7 +70,7 @@ def test_the_served_name_defaults_to_the_baseline_folders(tmp_path: Path):
 
 
 def test_a_gateway_without_the_model_folder_serves_with_an_unknown_width(tmp_path: Path):
-    from serve.protocols.door import served_model
+    from serve.gateway.protocols.door import served_model
 
     info = {"labels": ["a", "b"], "version": "fp32-x"}
     settings = ModelSettings(model_path=str(tmp_path / "elsewhere"))
@@ -92,7 +92,7 @@ def test_a_gateway_without_the_model_folder_serves_with_an_unknown_width(tmp_pat
 def test_the_grpc_messages_are_numbered_as_the_clients_protos():
     from tritonclient.grpc import service_pb2
 
-    from serve.protocols.grpc_wire import CLASSES
+    from serve.gateway.protocols.grpc_wire import CLASSES
 
     for name, ours in CLASSES.items():
         outer = getattr(service_pb2, name, None)

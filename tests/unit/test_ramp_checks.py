@@ -1,5 +1,6 @@
 """A ramp's HTTP checks: judging an answer (rollout.ramp.checks, pure), running several at once
-within their timeouts, and the HTTP checker (serve.checks) against a real local HTTP server."""
+within their timeouts, and the HTTP checker (serve.control_plane.checks) against a real local HTTP
+server."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rollout.ramp.checks import Check, CheckResult, judge, run_checks, unanswered
-from serve.checks import HttpChecker
+from serve.control_plane.checks import HttpChecker
 
 
 class Receiver:

@@ -17,7 +17,7 @@ def test_defaults_fill_in_and_the_operators_values_win():
     got = ray_env.apply(env)
     assert got == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0",
                    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-                   "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.ingress:middlewares",
+                   "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.gateway.ingress:middlewares",
                    "OMP_WAIT_POLICY": "PASSIVE"}
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
 
@@ -37,7 +37,8 @@ def test_exports_are_shell_lines_that_leave_the_callers_environment_alone():
     assert lines == ["export RAY_SERVE_THROUGHPUT_OPTIMIZED=0",
                      "export RAY_SERVE_ENABLE_HA_PROXY=1",
                      "export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2",
-                     "export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.ingress:middlewares",
+                     "export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH="
+                     "serve.gateway.ingress:middlewares",
                      "export OMP_WAIT_POLICY=PASSIVE"]
     assert env == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
     out = subprocess.run([sys.executable, "-m", "serve.ray_env"], capture_output=True, text=True,
@@ -92,7 +93,7 @@ def test_a_warning_per_missing_piece_says_the_value_the_cost_and_the_fix():
     assert len(said) == 2
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED=0, not 1" in said[0] and "3.9-4.5 ms" in said[0]
     assert "start the cluster with RAY_SERVE_THROUGHPUT_OPTIMIZED=1" in said[0]
-    assert "serve.ingress" in said[1] and "shed at the door" in said[1]
+    assert "serve.gateway.ingress" in said[1] and "shed at the door" in said[1]
     said.clear()
     ray_env.warn_missing(said.append, ray_env.RAY_ENV)
     assert said == []

@@ -1,4 +1,4 @@
-"""Online retrieval compatibility: the shadow's reservoir (serve.reservoir), its counters
+"""Online retrieval compatibility: the shadow's reservoir (serve.gateway.reservoir), its counters
 (rollout.shadow), the ramp's `min_recall_at_10` gate (rollout.ramp.gates) and `rollout status`'s
 line, with in-memory twins (no Ray, no Redis)."""
 
@@ -14,7 +14,7 @@ from rollout.agreement import agreement_cs
 from rollout.ramp import PlanError, parse_plan
 from rollout.ramp.gates import judge_gates
 from rollout.shadow import PairOutcome, aggregate_shadow, shadow_fields
-from serve.reservoir import Reservoir
+from serve.gateway.reservoir import Reservoir
 from tests.ramp_harness import PLAN, ScriptedMetrics, shadow_fed_harness, stats
 
 

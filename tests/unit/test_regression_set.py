@@ -7,7 +7,7 @@ import pytest
 
 from ops.generate.regression_set import OUTPUT, generate, render
 from rollout.settings import DEFAULT_LABELS
-from serve.regression import DEFAULT_SET, RegressionSetError, load_set
+from serve.common.regression import DEFAULT_SET, RegressionSetError, load_set
 
 
 def test_shipped_set_is_the_generators_output():

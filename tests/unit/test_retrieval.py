@@ -1,4 +1,4 @@
-"""Retrieval compatibility (rollout.retrieval, serve.neighbours) on crafted unit vectors: the
+"""Retrieval compatibility (rollout.retrieval, serve.common.neighbours) on crafted unit vectors: the
 three figures, the slice table, the gate, relevance labels (no model)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from rollout.retrieval import judge, overlap, relevant_recall, summarize
 from rollout.verdict import Thresholds, looser
-from serve.neighbours import ground_truth, retrieval_of, top_k
+from serve.common.neighbours import ground_truth, retrieval_of, top_k
 
 
 def vectors(n: int, dims: int = 16, seed: int = 0) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Header routes (rollout.header_routes): the Route model's checks, adding and removing routes
 through the audited path on the in-memory store, what `rollout kill`'s QuickSwitch does with them,
-and the gateway's override authorisation (serve.override). No Redis, no Ray."""
+and the gateway's override authorisation (serve.gateway.override). No Redis, no Ray."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from rollout import (
 )
 from rollout.header_routes import MAX_ROUTES, MAX_VALUES, parse_header
 from rollout.killswitch import SwitchState
-from serve.errors import InvalidOverride, OverrideNotAllowed
-from serve.override import override_allowed
+from serve.common.errors import InvalidOverride, OverrideNotAllowed
+from serve.gateway.override import override_allowed
 
 TOKEN = "operator-token-0123456789"
 
@@ -227,7 +227,8 @@ def test_the_fast_kill_path_reads_a_cjson_empty_list_and_an_old_state():
     assert switch.routes == () and json.loads(switch.to_json())["routes"] == []
 
 
-# --- the override's authorisation (serve.override) ----------------------------------------------
+# --- the override's authorisation (serve.gateway.override)
+# ----------------------------------------------
 
 
 def headers(**given) -> dict[str, str]:

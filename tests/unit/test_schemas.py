@@ -3,8 +3,8 @@
 import pytest
 
 from rollout import Settings
-from serve.errors import InputTooLarge, InvalidInput
-from serve.schemas import max_body_bytes, parse_predict, request_id_from
+from serve.common.errors import InputTooLarge, InvalidInput
+from serve.gateway.schemas import max_body_bytes, parse_predict, request_id_from
 
 SETTINGS = Settings(max_items=3, max_item_chars=10, max_total_chars=20)
 

@@ -29,19 +29,20 @@ from rollout.settings import (
     WebhookSettings,
 )
 from rollout.verdict import thresholds_from
-from serve import ingress
-from serve.autopick import choice_dir
+from serve.control_plane.notify import start_notifications
+from serve.control_plane.webhooks import sender_from
 from serve.dashboard.reads import Readings
-from serve.idempotent import Idempotency
-from serve.model import startup_threads
-from serve.notify import start_notifications
-from serve.preprocess import Preprocessor
-from serve.schemas import max_body_bytes, parse_predict
-from serve.shadow import Shadow, flip_capture
+from serve.gateway import ingress
+from serve.gateway.idempotent import Idempotency
+from serve.gateway.preprocess import Preprocessor
+from serve.gateway.schemas import max_body_bytes, parse_predict
+from serve.gateway.shadow import Shadow, flip_capture
+from serve.recipes import recipe_for, resolve_device
+from serve.recipes.auto.choose import choice_dir
+from serve.recipes.source import load_tokenizer, model_dir
+from serve.replica.model_server import startup_threads
 from serve.telemetry.metrics_targets import MemoryTargetBook, ReplicaEndpoint
 from serve.telemetry.otel import RequestLog, Telemetry
-from serve.variants import load_tokenizer, model_dir, recipe_for, resolve_device
-from serve.webhooks import sender_from
 from tests.tiny_model import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,25 +146,28 @@ def test_model_side_helpers_read_only_the_model_group(tmp_path):
 WHOLE_SETTINGS_PACKAGES = {"ops/": "operator commands: each loads Settings where it starts"}
 WHOLE_SETTINGS = {
     "serve/config.py:build": "the application's composition root (`serve run serve.config:app`)",
-    "serve/gateway.py:Gateway.__init__": "a gateway replica's composition root: Ray builds it "
-    "from what build() binds, and it hands each component its groups",
-    "serve/model.py:ModelServer.__init__": "a model replica's composition root (as the gateway)",
-    "serve/gateway.py:Gateway._open_arms": "hands the whole settings to serve.colocated.load "
-    "(the colocated topology)",
-    "serve/colocated.py:load": "builds both arms' ModelServer (composition roots) in a gateway "
-    "replica",
-    "serve/controller.py:RampControllerDeployment.__init__": "the ramp controller replica's "
-    "composition root (as the gateway)",
+    "serve/gateway/deployment.py:Gateway.__init__": "a gateway replica's composition root: Ray "
+    "builds it from what build() binds, and it hands each component its groups",
+    "serve/replica/model_server.py:ModelServer.__init__": "a model replica's composition root (as "
+    "the gateway)",
+    "serve/gateway/deployment.py:Gateway._open_arms": "hands the whole settings to "
+    "serve.gateway.colocated.load (the colocated topology)",
+    "serve/gateway/colocated.py:load": "builds both arms' ModelServer (composition roots) in a "
+    "gateway replica",
+    "serve/control_plane/controller.py:RampControllerDeployment.__init__": "the ramp controller "
+    "replica's composition root (as the gateway)",
     # not narrowed yet: an arm's model reads three groups (the model's, verify's regression set
     # and margin that calibrate a recipe, batching's token budget)
-    "serve/variants.py:Variant.__init__": "ModelSettings + VerifySettings + BatchingSettings",
-    "serve/variants.py:versions": "ModelSettings + VerifySettings (as Variant)",
-    "serve/variants.py:aware_plan_key": "ModelSettings + VerifySettings (the regression set)",
+    "serve/recipes/variants.py:Variant.__init__": "ModelSettings + VerifySettings + "
+    "BatchingSettings",
+    "serve/recipes/source.py:versions": "ModelSettings + VerifySettings (as Variant)",
+    "serve/recipes/source.py:aware_plan_key": "ModelSettings + VerifySettings (the regression "
+    "set)",
     # `auto`'s key hashes the model's settings, the regression set and the gate's thresholds
-    "serve/autopick.py:choose": "ModelSettings + VerifySettings",
-    "serve/autopick.py:cached_choice": "ModelSettings + VerifySettings",
-    "serve/autopick.py:choice_key": "ModelSettings + VerifySettings",
-    "serve/autopick.py:_measure_all": "ModelSettings + VerifySettings",
+    "serve/recipes/auto/choose.py:choose": "ModelSettings + VerifySettings",
+    "serve/recipes/auto/choose.py:cached_choice": "ModelSettings + VerifySettings",
+    "serve/recipes/auto/choose.py:choice_key": "ModelSettings + VerifySettings",
+    "serve/recipes/auto/choose.py:_measure_all": "ModelSettings + VerifySettings",
 }
 
 

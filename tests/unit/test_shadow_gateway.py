@@ -1,4 +1,4 @@
-"""The gateway's shadow comparisons (serve.shadow) with a scripted model call: sampling, the
+"""The gateway's shadow comparisons (serve.gateway.shadow) with a scripted model call: sampling, the
 safety skips, shedding, the background call that the response path never waits for, what is
 recorded (sink items, metrics, the `shadow` span), failures and cancellation on shutdown."""
 
@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from rollout import Arm, FakeClock, Reason, Settings
 from rollout.shadow import ShadowItem, aggregate_shadow
-from serve.answer import BatchShape, ModelAnswer, StageTiming
-from serve.errors import ModelFailed, ModelTimeout
-from serve.shadow import Shadow
+from serve.common.answer import BatchShape, ModelAnswer, StageTiming
+from serve.common.errors import ModelFailed, ModelTimeout
+from serve.gateway.shadow import Shadow
 from serve.telemetry.otel import Telemetry
 
 LABELS = ("sports", "politics")

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rollout import FakeClock, RolloutState, Settings, StateView, decide
 from rollout.settings import TelemetrySettings
 from rollout.telemetry.redis_store import WindowItem
-from serve.answer import BatchShape, ModelAnswer, StageTiming
-from serve.errors import ModelFailed, ModelTimeout
+from serve.common.answer import BatchShape, ModelAnswer, StageTiming
+from serve.common.errors import ModelFailed, ModelTimeout
 from serve.telemetry.observe import NULL_OBSERVATION, Observer
 from serve.telemetry.otel import Telemetry, otlp_endpoints
 from serve.telemetry.tracing import Marks, WallClock, record_model_spans

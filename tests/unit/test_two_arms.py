@@ -1,5 +1,5 @@
-"""Two independent arms: each from its own model folder and recipe (serve.variants), compared by
-`rollout verify` only when their labels match; the gateway refuses to start otherwise.
+"""Two independent arms: each from its own model folder and recipe (serve.recipes.variants),
+compared by `rollout verify` only when their labels match; the gateway refuses to start otherwise.
 
 Two tiny encoders with different weights stand for `v1` and `v2` (torch, no Ray, no Redis)."""
 
@@ -14,19 +14,19 @@ import torch
 
 from ops import cli
 from rollout import FakeClock, MemoryStateStore, Settings
-from serve.autopick import Hardware, choice_key
-from serve.regression import load_set
-from serve.variants import (
+from serve.common.regression import load_set
+from serve.recipes.auto.choose import Hardware, choice_key
+from serve.recipes.source import (
     LABELS_FILE,
     LabelsDiffer,
     ModelSourceError,
-    Variant,
     labels_of,
     model_dir,
     variant_version,
     versions,
     weights_digest,
 )
+from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
 
 FAST = {  # a small, quick verify, as tests/unit/test_verify.py runs it
@@ -160,10 +160,10 @@ def test_a_bad_labels_file_is_an_error_naming_it(v1, tmp_path, content):
 def test_the_gateway_refuses_to_start_when_the_labels_differ():
     """At replica start, before it serves anything (its model handles are stand-ins that
     answer `info` as the model replicas would)."""
-    from serve.gateway import Gateway
+    from serve.gateway.deployment import Gateway
 
     wrapper = Gateway.func_or_class
-    gateway_class = wrapper.__mro__[1]  # the class serve.ingress wraps
+    gateway_class = wrapper.__mro__[1]  # the class serve.gateway.ingress wraps
     assert "predict" in vars(gateway_class)
 
     class Handle:

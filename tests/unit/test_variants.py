@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from rollout import Settings
-from serve.variants import Variant, recipe_for, variant_version, versions, weights_digest
+from serve.recipes import recipe_for
+from serve.recipes.source import variant_version, versions, weights_digest
+from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
 
 
@@ -21,7 +23,7 @@ def classifier_dir(tmp_path_factory):
 def test_recipes_by_arm_and_device():
     auto = Settings()
     assert recipe_for("baseline", auto, "cpu") == "fp32"
-    # `auto` is decided by measurement when the variant loads (serve.autopick)
+    # `auto` is decided by measurement when the variant loads (serve.recipes.auto.choose)
     assert recipe_for("optimized", auto, "cpu") == "auto"
     assert recipe_for("optimized", auto, "cuda") == "auto"
     assert recipe_for("optimized", Settings(optimized_recipe="bf16"), "cpu") == "bf16"
@@ -126,7 +128,7 @@ def test_compiled_recipe_wraps_the_fp32_model_for_inductor(encoder_dir):
 def test_small_batch_graphs_pad_rows_and_cut_them_off(encoder_dir):
     """The fp16-graphs wrapper's padding logic, on CPU without compiling (the graphs
     themselves need CUDA: ops/gpu_check.sh)."""
-    from serve.graphs import SmallBatchGraphs
+    from serve.recipes.fp16_graphs import SmallBatchGraphs
 
     variant = Variant(Settings(model_path=str(encoder_dir)), "baseline")
     rows = [[101, 2023, 102], [101, 2003, 1037, 2742, 102], [101, 102]]

@@ -10,7 +10,7 @@ import torch
 
 from ops import cli
 from rollout import FakeClock, MemoryStateStore, StoreUnavailable
-from serve.regression import load_set
+from serve.common.regression import load_set
 from tests.tiny_model import make_tiny_encoder
 
 FAST = {  # a small, quick verify: few inputs timed, two batch sizes
@@ -159,7 +159,7 @@ def test_set_changes_what_is_judged_not_what_is_calibrated(env, tmp_path):
     """`--set` is the set both arms are judged on; a calibrated recipe (ov-int8, onnx-int8,
     accuracy-aware, auto) still calibrates on CANARY_REGRESSION_SET, as the gateway does, so the
     variant judged is the one served (it used to be calibrated on the judged set itself)."""
-    from serve.regression import RegressionSetError
+    from serve.common.regression import RegressionSetError
 
     path = tmp_path / "held-out.jsonl"
     path.write_text("".join(json.dumps({"text": f"held-out input {i}"}) + "\n" for i in range(6)))
@@ -181,7 +181,7 @@ def test_set_changes_what_is_judged_not_what_is_calibrated(env, tmp_path):
 def flip_inputs(env, flipped) -> None:
     """A fault-injected optimized arm: fp32, except that every input for which
     `flipped(text)` holds gets the opposite embedding (its top-1 label becomes another)."""
-    from serve.variants import Variant
+    from serve.recipes.variants import Variant
 
     rows = Variant.rows
 
@@ -272,7 +272,7 @@ def swap_one_script(env, script: str) -> None:
     """A fault-injected optimized arm: fp32, except that every input of `script` gets the
     embedding of the next input of that script (its neighbours become another input's)."""
     from rollout.slices import script_of
-    from serve.variants import Variant
+    from serve.recipes.variants import Variant
 
     rows = Variant.rows
 

@@ -10,7 +10,7 @@ from ops.verify.report import document, human
 from rollout import Thresholds, Verdict, judge_summary
 from rollout.agreement import Pair, summarize
 from rollout.slices import slice_table
-from serve.regression import Example, RegressionSet
+from serve.common.regression import Example, RegressionSet
 
 LABELS = ("sports", "politics", "health")
 LONG = "The minister said the new stadium would be paid for by the health budget " * 3

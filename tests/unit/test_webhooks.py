@@ -1,5 +1,5 @@
-"""Webhook delivery (serve.webhooks) to a real local HTTP receiver: signature, retries with
-backoff, a receiver that hangs or is down for a minute, deduplication, filters, bounded queues.
+"""Webhook delivery (serve.control_plane.webhooks) to a real local HTTP receiver: signature, retries
+with backoff, a receiver that hangs or is down for a minute, deduplication, filters, bounded queues.
 
 Backoff runs on a FakeClock: the injected sleep advances it, so minutes of retries take no
 real time. Waits for an outcome poll against a deadline; no test sleeps and then asserts.
@@ -15,7 +15,7 @@ import pytest
 
 from rollout import FakeClock
 from rollout.events import Event, EventFilter
-from serve.webhooks import MemoryLedger, WebhookSender, sender_from
+from serve.control_plane.webhooks import MemoryLedger, WebhookSender, sender_from
 from tests.webhook_receiver import Receiver
 
 SECRET = "s3cret-for-tests"

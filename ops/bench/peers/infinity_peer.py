@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.artifact import cache_root
+from serve.recipes.artifact import cache_root
 
 VERSION = "0.0.78"
 TORCH = "torch==2.13.0"  # the gateway's torch, CPU build (never a CUDA one)

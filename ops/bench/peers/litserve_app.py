@@ -8,8 +8,8 @@ documentation shows a batched API.
   `unbatch` to answer each request. A request carries a list of texts; the batch's texts are
   tokenized in one call, padded to the longest, and forwarded at once.
 - **The gateway's embed task, fp32 torch.** `transformers.AutoModel` in float32, mean pooling
-  over the attention mask and L2 normalisation, as serve.variants' `embed` computes it; torch
-  threads: every core (as the plain Serve deployment, ops.bench.plain).
+  over the attention mask and L2 normalisation, as serve.recipes.variants' `embed` computes it;
+  torch threads: every core (as the plain Serve deployment, ops.bench.plain).
 - **The gateway's body and answer.** `POST /predict` takes `{"inputs": [...], "task":
   "embed"}` and answers `{"outputs": [{"embedding": [...]}, ...]}`, values rounded to 6 places
   as the gateway's answer is, so both send the same bytes; `GET /health` answers `ok` once the

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ops.bench.endtoend import BenchError
 from ops.bench.peers.infinity_peer import ONNX_FILE
-from serve.artifact import artifact_key, cache_root, file_digest
+from serve.recipes.artifact import artifact_key, cache_root, file_digest
 
 BUILDER = Path(__file__).resolve().parent / "build_hub_onnx.py"
 BUILD_TIMEOUT_S = 900.0

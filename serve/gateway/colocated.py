@@ -1,0 +1,78 @@
+"""The colocated topology: both arms' models loaded in each gateway replica.
+
+With `CANARY_TOPOLOGY=colocated` a gateway replica routes, tokenizes and runs the chosen arm's
+model in its own process: no second Ray hop (handle call, the core worker's gRPC threads,
+serialization both ways) per request. Each arm is a `serve.replica.model_server.ModelServer`
+instance of its own, with its own batching, forward thread, thread count (compute follows the share)
+and fault injection, called through `LocalHandle`, which answers the calls the gateway makes of a
+`DeploymentHandle` (`handle.predict.remote(...)`), so the request path, the shadow, admission
+and fallback are the same code in both topologies.
+
+The remote topology (one Serve deployment per arm) stays for arms that must scale on their own:
+large models, a GPU per arm, a cluster ([production](../docs/production.md#the-topology)).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+from rollout.policy import Arm
+from rollout.settings import Settings
+
+COLOCATED, REMOTE = "colocated", "remote"
+ARMS = tuple(arm.value for arm in Arm)
+
+
+class _LocalMethod:
+    __slots__ = ("method",)
+
+    def __init__(self, method):
+        self.method = method
+
+    def remote(self, *args, **kwargs) -> asyncio.Future:
+        """The call as a task of this event loop (`cancel()` cancels it, as a handle's
+        response does); a plain method's result or error as a finished future."""
+        try:
+            result = self.method(*args, **kwargs)
+        except Exception as exc:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(exc)
+            return future
+        if inspect.isawaitable(result):
+            return asyncio.ensure_future(result)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(result)
+        return future
+
+
+class LocalHandle:
+    """A model server in this process, called as a `DeploymentHandle` is called."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _LocalMethod(getattr(self.server, name))
+
+
+async def load(settings: Settings) -> dict[str, LocalHandle]:
+    """Both arms' model servers, built one after the other off the event loop (a build may
+    take minutes: `auto` measuring, a calibrated artifact)."""
+    from serve.replica.model_server import ModelServer
+
+    server_class = ModelServer.func_or_class
+    return {arm: LocalHandle(await asyncio.to_thread(server_class, settings, arm))
+            for arm in ARMS}
+
+
+def reconfigure(handles: dict[str, LocalHandle], arms_config: dict[str, dict]) -> None:
+    """Live settings per arm (`ModelServer.reconfigure`: batching, fault injection); an arm
+    left out keeps its settings. An unknown arm is a ValueError, before any arm changes."""
+    unknown = set(arms_config) - set(handles)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}: choose from {', '.join(ARMS)}")
+    for arm, config in arms_config.items():
+        handles[arm].server.reconfigure(config)
