@@ -1,5 +1,6 @@
 """The settings `rollout kill` and `rollout unkill` read, with the standard library only; their
-defaults and bounds are written here once, and rollout.settings.StateSettings takes them from here.
+defaults and bounds are written here once, and StateSettings (rollout/settings/state.py) takes
+them from here.
 
     REDIS_URL (else CANARY_REDIS_URL; --redis-url)   redis://127.0.0.1:6379/0
     CANARY_APP_NAME (--app)                         default   1-64 of [A-Za-z0-9_.-]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 
 import pydantic
 import pytest
@@ -229,6 +231,23 @@ def test_the_ramp_lease_must_outlive_the_controller_interval():
 
 
 # --- groups --------------------------------------------------------------------------------------
+
+
+def test_the_package_exports_every_public_name_of_its_modules():
+    """One module per group; callers import from the package, so it exports each module's
+    classes and constants (what the module itself defines, not what it imports)."""
+    import rollout.settings as package
+
+    defined = set()
+    for path in Path(package.__file__).parent.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            targets = ([node] if isinstance(node, ast.ClassDef | ast.FunctionDef) else
+                       getattr(node, "targets", [getattr(node, "target", None)]))
+            defined |= {getattr(t, "id", getattr(t, "name", "")) for t in targets if t}
+    public = {name for name in defined if name and not name.startswith("_")}
+    assert sorted(package.__all__) == sorted(public)
+    assert all(getattr(package, name) is not None for name in package.__all__)
+    assert {group.__name__ for group in package.SETTING_GROUPS} <= set(package.__all__)
 
 
 def test_settings_compose_the_groups_and_every_field_is_in_exactly_one():
