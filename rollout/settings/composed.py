@@ -10,6 +10,7 @@ from rollout.settings.base import CONFIG
 from rollout.settings.batching import BatchingSettings
 from rollout.settings.models import ModelSettings
 from rollout.settings.ramp import RampSettings
+from rollout.settings.recipes import RecipeSettings
 from rollout.settings.serving import ServingSettings
 from rollout.settings.shadow import ShadowSettings
 from rollout.settings.state import StateSettings
@@ -20,7 +21,8 @@ from rollout.settings.webhooks import WebhookSettings
 
 class Settings(  # the groups last to first: pydantic takes fields and checks from the last base
     WebhookSettings, RampSettings, ShadowSettings, TelemetrySettings, AdmissionSettings,
-    ServingSettings, BatchingSettings, VerifySettings, ModelSettings, StateSettings,
+    ServingSettings, BatchingSettings, VerifySettings, RecipeSettings, ModelSettings,
+    StateSettings,
 ):
     """Every group in one object: each group's fields and checks, then the checks across
     groups."""

@@ -1,4 +1,4 @@
-"""Models and recipes: what each arm serves (weights, recipe, labels, device, threads)."""
+"""Models: what each arm serves (weights, recipe, labels, device, threads)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ Recipe = Literal[
 
 
 class ModelSettings(BaseSettings):
-    """Models and recipes
+    """Models
 
-    What each arm serves: its weights, its recipe and how it runs (read by the serving layer's
-    model replicas and by `rollout verify`).
+    What each arm serves: its weights, which recipe it runs, its labels and how it runs (read
+    by the serving layer's model replicas and by `rollout verify`; what building the recipe
+    reads is the next group).
     """
 
     model_config = CONFIG
@@ -84,39 +85,6 @@ class ModelSettings(BaseSettings):
         "one; the kill switch and a stale state count as all baseline ([compute follows the "
         "share](production.md#compute-follows-the-share))"
     )
-    hide_native_bf16: bool = Field(
-        False,
-        description="`auto` ignores a CPU's native bf16, so that a bf16 machine measures and "
-        "serves the int8 runtimes as an AVX2-only one would; part of `auto`'s cache key",
-    )
-    auto_choice_dir: str | None = Field(
-        None,
-        description="where `auto` caches its choice and evidence (one JSON file per weights, "
-        "hardware, library versions and settings); none: `$XDG_CACHE_HOME/canary-gateway/auto`, "
-        "else `~/.cache/canary-gateway/auto`",
-    )
-    plan_dir: str | None = Field(
-        None, description="where accuracy-aware plans are cached (shipped plans in "
-        "`serve/recipes/plans/` are read too); none: `~/.cache/canary-gateway/plans`"
-    )
-    aware_target_agreement: float = Field(
-        0.998, gt=0, le=1, description="top-1 agreement with fp32 the accuracy-aware plan must "
-        "reach on the calibration split"
-    )
-    aware_high_precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="precision of the layers an accuracy-aware plan keeps; `auto`: "
-        "bf16 where the CPU has native bf16, else fp32"
-    )
-    onnx_dir: str | None = Field(
-        None, description="where the runtime recipes (`onnx-*`, `ct2-int8`, `ov-int8`) cache their "
-        "built artifacts, checked by digest on every load; none: `~/.cache/canary-gateway/onnx`"
-    )
-    int8_target_agreement: float = Field(
-        0.99, gt=0, le=1, description="top-1 agreement the `onnx-int8` and `ov-int8` calibration "
-        "searches must "
-        "reach on the calibration split, with no confident flip"
-    )
-
     @field_validator("labels", mode="before")
     @classmethod
     def _split_labels(cls, value):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from rollout.settings import ModelSettings, Settings
+from rollout.settings import ModelSettings, RecipeSettings, Settings
 from serve.recipes import RECIPES, recipe_for, resolve_device
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -168,7 +168,7 @@ def aware_plan_key(settings: Settings, weights: str, path: Path,
     )
 
 
-def plan_dir(settings: ModelSettings) -> Path | None:
+def plan_dir(settings: RecipeSettings) -> Path | None:
     return Path(settings.plan_dir).expanduser() if settings.plan_dir else None
 
 

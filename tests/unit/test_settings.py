@@ -283,6 +283,17 @@ def test_a_group_reads_the_same_environment_alone(monkeypatch):
         RampSettings(ramp_lease_ttl_s=1)
 
 
+def test_building_a_recipe_is_a_group_of_its_own_under_the_same_names(monkeypatch):
+    from rollout.settings import ModelSettings, RecipeSettings
+
+    monkeypatch.setenv("CANARY_ONNX_DIR", "/cache/onnx")
+    monkeypatch.setenv("CANARY_HIDE_NATIVE_BF16", "true")
+
+    assert RecipeSettings().onnx_dir == Settings().onnx_dir == "/cache/onnx"
+    assert RecipeSettings().hide_native_bf16 and Settings().hide_native_bf16
+    assert not set(RecipeSettings.model_fields) & set(ModelSettings.model_fields)
+
+
 def test_checks_across_groups_hold_in_the_composed_settings():
     with pytest.raises(pydantic.ValidationError, match="cannot exceed gateway_max_ongoing"):
         Settings(gateway_max_in_flight=300, gateway_max_ongoing_requests=256)

@@ -21,6 +21,7 @@ from rollout.ramp import open_ramp_store
 from rollout.settings import (
     AdmissionSettings,
     ModelSettings,
+    RecipeSettings,
     ServingSettings,
     ShadowSettings,
     StateSettings,
@@ -133,7 +134,7 @@ def test_model_side_helpers_read_only_the_model_group(tmp_path):
     assert model_dir(model) == Path(model.model_path)
     assert resolve_device(model) == "cpu" and recipe_for("baseline", model, "cpu") == "fp32"
     assert startup_threads(ModelSettings(torch_threads=3)) == 3
-    assert choice_dir(ModelSettings(auto_choice_dir=str(tmp_path))) == tmp_path
+    assert choice_dir(RecipeSettings(auto_choice_dir=str(tmp_path))) == tmp_path
     assert load_tokenizer(model)[1] > 0
     pre = Preprocessor(model, ServingSettings(gateway_tokenize_threads=1), [{"tokenizer": "x"}])
     assert not pre.enabled  # another tokenizer reported: texts are sent

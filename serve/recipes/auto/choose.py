@@ -64,7 +64,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.clock import Clock, SystemClock
-from rollout.settings import ModelSettings, Settings
+from rollout.settings import RecipeSettings, Settings
 from rollout.verdict import thresholds_from
 from serve.common.regression import load_set
 from serve.recipes.artifact import cache_root
@@ -241,13 +241,13 @@ def default_choice_dir() -> Path:
     return cache_root() / "auto"
 
 
-def choice_dir(settings: ModelSettings) -> Path:
+def choice_dir(settings: RecipeSettings) -> Path:
     if settings.auto_choice_dir:
         return Path(settings.auto_choice_dir).expanduser()
     return default_choice_dir()
 
 
-def _allowed(settings: ModelSettings, hardware: Hardware) -> set[str]:
+def _allowed(settings: RecipeSettings, hardware: Hardware) -> set[str]:
     """The recipes a choice for this host may name."""
     return {*candidates(hardware, hide_native_bf16=settings.hide_native_bf16),
             FALLBACK[hardware.device]}
