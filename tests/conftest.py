@@ -1,10 +1,36 @@
-"""Shared by every tier: the tests' own cache folder, so built artifacts (serve.recipes.artifact),
-`auto` choices (serve.recipes.auto.choose) and plans never mix with the user's ~/.cache, nor a run
-with another."""
+"""Shared by every tier: each test's tier marker, from its folder; and the tests' own cache folder,
+so built artifacts (serve.recipes.artifact), `auto` choices (serve.recipes.auto.choose) and plans
+never mix with the user's ~/.cache, nor a run with another."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).parent
+# a folder of tests/ each, and the marker (registered in pyproject.toml) of every test in it
+TIERS = ("unit", "integration", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers
+def pytest_collection_modifyitems(items):
+    """Marks each test under tests/ with its folder's tier. A test outside the tier folders, or a
+    file that sets a tier mark itself, stops the run: a mark a file can forget, or get wrong, is a
+    tier a test can leak out of."""
+    for item in items:
+        if not item.path.is_relative_to(HERE):
+            continue
+        where = item.path.relative_to(HERE)
+        tier = where.parts[0] if len(where.parts) > 1 else None
+        if tier not in TIERS:
+            raise pytest.UsageError(
+                f"tests/{where.as_posix()} is in no tier folder: move it to "
+                + ", ".join(f"tests/{name}" for name in TIERS[:-1]) + f" or tests/{TIERS[-1]}")
+        for marked in (name for name in TIERS if item.get_closest_marker(name)):
+            raise pytest.UsageError(
+                f"tests/{where.as_posix()} sets the tier mark {marked}: its folder sets the tier "
+                f"(tests/{tier}); drop the mark, or move the file")
+        item.add_marker(tier)
 
 
 @pytest.fixture(scope="session", autouse=True)

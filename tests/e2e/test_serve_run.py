@@ -19,8 +19,6 @@ from serve import ray_env
 from serve.recipes.auto.choose import candidates, detect_hardware
 from tests.servers import RedisServer
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8000"

@@ -3,12 +3,8 @@ audited path and restored, every answer's Server-Timing parsed, the reports writ
 
 import json
 
-import pytest
-
 from ops.bench import __main__ as bench
 from tests.serve_app import APP
-
-pytestmark = pytest.mark.integration
 
 
 def test_bench_drives_both_arms_and_restores_the_state(gw, tmp_path):

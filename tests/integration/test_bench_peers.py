@@ -14,11 +14,8 @@ from ops.bench.peers import process
 from ops.bench.peers.registry import PEERS, Launch
 from serve.ray_env import free_port
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("litserve") is None,
-                       reason="LitServe is not installed: pip install -e '.[peers]'"),
-]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("litserve") is None,
+                                reason="LitServe is not installed: pip install -e '.[peers]'")
 
 
 def test_litserve_serves_the_packaged_model_as_the_gateway_embeds_it(tmp_path):

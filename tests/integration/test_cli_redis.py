@@ -13,8 +13,6 @@ import pytest
 
 from tests.servers import RedisServer, free_port
 
-pytestmark = pytest.mark.integration
-
 
 def _script() -> str:
     beside = Path(sys.executable).parent / "rollout"

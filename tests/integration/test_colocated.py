@@ -39,8 +39,6 @@ from tests.integration.test_routes import (  # noqa: F401
 )
 from tests.integration.test_shadow import shadow_stats, total, wait_for
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def colocated_app(gateway):

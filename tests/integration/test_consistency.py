@@ -7,10 +7,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import torch
-
-pytestmark = pytest.mark.integration
 
 TEXT = "The quarterly results beat expectations across every region"
 TOLERANCE = 1e-4

@@ -14,8 +14,6 @@ from ops.cli import main
 from rollout import bucket_of
 from tests.serve_app import OPERATOR_TOKEN
 
-pytestmark = pytest.mark.integration
-
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 

@@ -12,8 +12,6 @@ from playwright.sync_api import expect
 
 from tests.serve_app import OPERATOR_TOKEN
 
-pytestmark = pytest.mark.integration
-
 # Chromium as the machine's closed network needs it: no background connections, no sandbox
 # (tests run as root), a fresh profile per launch.
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,8 +18,6 @@ from rollout.redis_layout import Keys
 from rollout.telemetry.redis_store import RedisTelemetry
 from serve.common.regression import load_set
 
-pytestmark = pytest.mark.integration
-
 APP = "flips-itest"
 KEY = Keys(APP).flips
 

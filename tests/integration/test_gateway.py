@@ -11,9 +11,6 @@ import pytest
 
 from rollout import decide
 
-pytestmark = pytest.mark.integration
-
-
 
 def _arms(gw, keys, workers=16):
     def one(key):

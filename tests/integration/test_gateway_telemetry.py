@@ -12,8 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from ops import cli
 from rollout.telemetry.windows import telemetry_prefix
 
-pytestmark = pytest.mark.integration
-
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 

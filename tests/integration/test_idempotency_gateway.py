@@ -4,11 +4,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from ops.load.loadtest import main as loadtest
-
-pytestmark = pytest.mark.integration
 
 
 def _post(gw, inputs, key, **headers):

@@ -5,8 +5,6 @@ import pytest
 from rollout.idempotency import IdempotencyRecord, RedisIdempotencyStore
 from tests.idempotency_contract import RESPONSE, IdempotencyContract
 
-pytestmark = pytest.mark.integration
-
 
 class TestRedisIdempotency(IdempotencyContract):
     @pytest.fixture

@@ -22,8 +22,6 @@ from rollout import Rollout, RolloutState, StateWatcher
 from rollout.redis_store import RedisStateStore
 from tests.integration.test_cli_redis import ROLLOUT, one_error_line
 
-pytestmark = pytest.mark.integration
-
 # the emergency `redis-cli` kill is documented in the operator guide (moved from the README)
 README = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
 HEAVY = {"pydantic", "pydantic_core", "pydantic_settings", "redis", "opentelemetry", "asyncio",

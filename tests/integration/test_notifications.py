@@ -27,8 +27,6 @@ from serve.control_plane.webhooks import WebhookSender
 from tests.ramp_harness import PLAN
 from tests.webhook_receiver import Receiver
 
-pytestmark = pytest.mark.integration
-
 SECRET = "itest-webhook-secret"
 
 

@@ -15,8 +15,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-pytestmark = pytest.mark.integration
-
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 PUBLIC = ["/v1/predict", "/v1/rollout", "/healthz", "/readyz"]

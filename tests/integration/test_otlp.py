@@ -21,8 +21,6 @@ from serve.telemetry.otel import Telemetry
 from serve.telemetry.tracing import Marks, WallClock, record_model_spans
 from tests.servers import free_port
 
-pytestmark = pytest.mark.integration
-
 ANSWER = ModelAnswer(arm="baseline", model_version="fp32-test", outputs=[], tokens=0,
                      batch=BatchShape(requests=1, items=1), queue=0,
                      timing=StageTiming(preprocess=1.0, queue=2.0, model=8.0, postprocess=0.5))

@@ -2,12 +2,9 @@
 
 from pathlib import Path
 
-import pytest
 import yaml
 
 from rollout import Settings
-
-pytestmark = pytest.mark.integration
 
 CONFIG = Path(__file__).resolve().parents[2] / "ops" / "serve-production.yaml"
 

@@ -20,8 +20,6 @@ import pytest
 from serve.ray_env import free_port
 from serve.telemetry.metrics_targets import RedisTargetBook, Target, live_targets
 
-pytestmark = pytest.mark.integration
-
 JOB = "canary-gateway"
 REQUESTS = 60
 CONFIG = """\

@@ -17,8 +17,6 @@ import pytest
 
 from rollout import decide
 
-pytestmark = pytest.mark.integration
-
 NAME = "tiny-encoder"  # the served model's name: the test model folder's (tests.serve_app)
 TEXTS = ["The new GPU doubles inference speed", "a quiet afternoon by the lake"]
 HTTP_PROTOCOLS = ("openai", "oip", "tei")

@@ -17,8 +17,6 @@ from serve.control_plane.checks import HttpChecker
 from tests.ramp_harness import PLAN, ScriptedMetrics, stats
 from tests.unit.test_ramp_checks import Receiver
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def receiver():

@@ -18,8 +18,6 @@ import pytest
 from rollout.ramp import CONTROLLER, parse_plan
 from tests.verdicts import passing_verdict
 
-pytestmark = pytest.mark.integration
-
 GATES = {"min_samples": 3, "error_rate_delta": 0.05, "timeout_rate": 0.05,
          "fallback_rate": 0.05, "p99_ms": 4000}
 

@@ -18,8 +18,6 @@ from rollout.ramp.redis_store import RedisRampStore
 from rollout.redis_store import RedisStateStore
 from tests.ramp_harness import PLAN, ScriptedMetrics, stats
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def app():

@@ -11,8 +11,6 @@ from rollout.ramp.redis_store import RedisRampStore
 from rollout.redis_store import RedisStateStore
 from tests.ramp_store_contract import Lapse, RampStoreContract
 
-pytestmark = pytest.mark.integration
-
 TTL_S = 0.3
 
 

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from rollout.ramp import CONTROLLER, parse_plan
 from rollout.status import read_status
 from tests.integration.test_ramp_gateway import Traffic, ramp_env, wait_for  # noqa: F401
-
-pytestmark = pytest.mark.integration
 
 BURN_MS = 40  # per forward of the optimized arm; a tiny-encoder forward takes a few ms
 

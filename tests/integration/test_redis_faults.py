@@ -26,8 +26,6 @@ from rollout.redis_layout import Keys
 from tests.integration.test_cli_redis import ROLLOUT
 from tests.servers import free_port
 
-pytestmark = pytest.mark.integration
-
 FOLLOW_S = 2.0  # a healed gateway follows the next change within this
 KILL_S = 1.0  # and a kill within this
 

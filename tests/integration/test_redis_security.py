@@ -14,8 +14,6 @@ from rollout.redis_store import RedisStateStore
 from rollout.telemetry.redis_store import RedisTelemetry
 from tests.servers import ACL_PASSWORDS
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def app():

@@ -9,8 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 
 def _replica_pid(gw, arm: str) -> int:
     from ray import serve

@@ -21,8 +21,6 @@ from tests.integration.test_kill_redis import (
 )
 from tests.serve_app import OPERATOR_TOKEN
 
-pytestmark = pytest.mark.integration
-
 INTERNAL = {"X-User-Group": "internal"}
 BEARER = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 

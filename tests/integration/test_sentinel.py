@@ -47,8 +47,6 @@ from tests.integration.test_kill_redis import HEAVY, run
 from tests.servers import make_certs
 from tests.store_contract import StoreContract
 
-pytestmark = pytest.mark.integration
-
 SERVICE = "canary"
 PASSWORD = "s3ntinel-secret"
 DOWN_AFTER_MS = 1000

@@ -22,8 +22,6 @@ from rollout.redis_store import RedisStateStore
 from tests.integration.test_cli_redis import ROLLOUT
 from tests.integration.test_sentinel import SentinelGroup, env_for
 
-pytestmark = pytest.mark.integration
-
 
 @dataclass
 class Answered:

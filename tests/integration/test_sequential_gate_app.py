@@ -15,8 +15,6 @@ from rollout.ramp import CONTROLLER, parse_plan
 from tests.integration.test_ramp_gateway import Traffic, wait_for
 from tests.verdicts import passing_verdict
 
-pytestmark = pytest.mark.integration
-
 GATES = {"min_samples": 3, "agreement_lower_bound": 0.5, "min_agreement_pairs": 20}
 
 

@@ -15,8 +15,6 @@ from rollout.telemetry.redis_store import RedisTelemetry
 from rollout.telemetry.windows import Windows
 from tests.ramp_harness import PLAN, Harness, ScriptedMetrics
 
-pytestmark = pytest.mark.integration
-
 
 class RedisShadowMetrics(ScriptedMetrics):
     """Scripted arms; shadow gates read the real telemetry in Redis."""

@@ -8,12 +8,9 @@ import io
 import json
 import time
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops import cli
-
-pytestmark = pytest.mark.integration
 
 WINDOW = 600  # seconds: the whole test, with room to spare
 

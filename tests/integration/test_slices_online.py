@@ -19,8 +19,6 @@ from tests.integration.test_ramp_gateway import wait_for
 from tests.integration.test_shadow import shadow_stats
 from tests.verdicts import passing_verdict
 
-pytestmark = pytest.mark.integration
-
 LATIN = ["the match went to extra time", "parliament passed the budget", "rain is expected",
          "the striker scored twice", "shares fell sharply", "a new vaccine was approved",
          "the team won the cup"]

@@ -14,8 +14,6 @@ from rollout.redis_store import RedisStateStore, redact_url
 from tests.servers import RedisServer
 from tests.store_contract import StoreContract, write
 
-pytestmark = pytest.mark.integration
-
 
 def unique_app() -> str:
     return f"test-{uuid.uuid4().hex[:12]}"

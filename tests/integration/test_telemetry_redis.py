@@ -14,8 +14,6 @@ from rollout.telemetry.redis_store import RedisTelemetry, WindowItem
 from rollout.telemetry.traces import index_key
 from serve.telemetry.otel import Telemetry
 
-pytestmark = pytest.mark.integration
-
 APP = "telemetry-itest"
 
 

@@ -18,8 +18,6 @@ from rollout.redis_layout import Keys
 from serve.recipes.source import versions
 from tests.tiny_model import make_tiny_encoder
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):

@@ -32,8 +32,6 @@ from serve import ray_env
 from tests.cluster import BIN, HEAD_IP, ROOT, WORKER_IP, TwoNodeCluster, unavailable
 from tests.tiny_model import make_tiny_encoder
 
-pytestmark = pytest.mark.integration
-
 CONFIG = ROOT / "ops" / "serve-production.yaml"
 APP = "default"  # the config's application and app_name
 CPUS_PER_NODE = 2  # logical CPUs per node: every replica fits on either node alone

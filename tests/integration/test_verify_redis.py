@@ -12,8 +12,6 @@ from rollout.redis_store import RedisStateStore
 from serve.common.regression import load_set
 from tests.tiny_model import make_tiny_encoder
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -1,10 +1,12 @@
-"""The unit tier's fence (tests/unit/conftest.py): a unit test is refused Ray and any connection
-beyond the loopback. Shown here in the test itself, and in a pytest of its own over a small tree
-that holds copies of the conftests and pyproject.toml, where a test outside tests/unit is not
-fenced."""
+"""The tiers: each test's marker comes from its folder (tests/conftest.py), and a unit test is
+refused Ray and any connection beyond the loopback (tests/unit/conftest.py). The fence is shown
+here in the test itself; both conftests also run in a pytest of their own over a small tree that
+holds copies of them and of pyproject.toml: a test of each tier, and the mistakes that stop a
+run."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -30,6 +32,11 @@ def test_ray_and_serve_are_refused(unit_fence):
             start()
     assert not ray.is_initialized() and len(unit_fence.refused) == 3
     unit_fence.refused.clear()  # refused on purpose: the fixture would fail the test for them
+
+
+def test_this_test_has_the_unit_mark_from_its_folder(request):
+    assert [mark.name for mark in request.node.iter_markers()
+            if mark.name in ("unit", "integration", "e2e")] == ["unit"]
 
 
 @pytest.mark.parametrize("address", OUTSIDE)
@@ -121,8 +128,22 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """pytest over `root`, without the installed plugins (none is needed; they take seconds)."""
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          cwd=root, capture_output=True, text=True, timeout=120)
+                          cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+
+
+def test_each_test_has_its_folders_tier(tmp_path):
+    root = tree(tmp_path, {"tests/unit/test_a.py": "def test_a(): pass\n",
+                           "tests/integration/test_b.py": "def test_b(): pass\n",
+                           "tests/e2e/test_c.py": "def test_c(): pass\n"})
+    for tier, test in (("unit", "tests/unit/test_a.py::test_a"),
+                       ("integration", "tests/integration/test_b.py::test_b"),
+                       ("e2e", "tests/e2e/test_c.py::test_c")):
+        run = pytest_in(root, "tests", "-m", tier, "--collect-only", "-q")
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert [line for line in run.stdout.splitlines() if "::" in line] == [test]
 
 
 def test_the_fence_holds_in_unit_tests_and_nowhere_else(tmp_path):
@@ -137,3 +158,18 @@ def test_the_fence_holds_in_unit_tests_and_nowhere_else(tmp_path):
             "test" in out), out
     assert "PASSED tests/integration/test_b.py::test_not_fenced" in out, out
     assert "3 passed, 1 error" in out, out  # the swallowing test passes, then errs
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("tests/perf/test_d.py", "def test_d(): pass\n",
+     "tests/perf/test_d.py is in no tier folder: move it to tests/unit, tests/integration or "
+     "tests/e2e"),
+    ("tests/unit/test_e.py", "import pytest\npytestmark = pytest.mark.integration\n"
+     "def test_e(): pass\n",
+     "tests/unit/test_e.py sets the tier mark integration: its folder sets the tier"),
+], ids=["outside the tiers", "a tier mark"])
+def test_a_test_outside_the_tiers_or_a_tier_mark_in_a_file_stops_the_run(tmp_path, name, text,
+                                                                          message):
+    run = pytest_in(tree(tmp_path, {name: text}), "tests", "--collect-only", "-q")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR
+    assert message in run.stderr, run.stderr
