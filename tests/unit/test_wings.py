@@ -88,6 +88,13 @@ def test_serve_top_level_holds_few_modules_besides_its_wings():
     assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
 
 
+def test_no_module_is_longer_than_five_hundred_lines():
+    long = {f"{path.relative_to(ROOT)}": lines
+            for package in ("rollout", "serve", "ops") for path in (ROOT / package).rglob("*.py")
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
+
+
 def test_the_gateway_has_few_methods():
     tree = ast.parse((ROOT / "serve" / "gateway" / "deployment.py").read_text())
     (gateway,) = [node for node in tree.body
