@@ -236,7 +236,7 @@ def _preflight(args, settings) -> str | None:
 def run(args, say) -> dict:
     import torch
 
-    from serve.recipes.variants import Variant
+    from serve.recipes.variants import Variant, VariantSettings
 
     settings = _settings(args)
     url = _preflight(args, settings)
@@ -260,7 +260,8 @@ def run(args, say) -> dict:
         torch.set_num_threads(args.threads or settings.threads_per_model())
         result["meta"]["inprocess_threads"] = torch.get_num_threads()
         say("loading both variants in process")
-        variants = {arm: Variant(settings, arm) for arm in args.arms}
+        groups = VariantSettings(settings, settings, settings, settings)
+        variants = {arm: Variant(groups, arm) for arm in args.arms}
         result["meta"]["recipes"] = {arm: v.recipe for arm, v in variants.items()}
         result["inprocess"] = pipeline.measure(variants, texts, args.batch_sizes,
                                                rounds=args.rounds, task=args.task, progress=say)

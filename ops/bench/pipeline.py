@@ -30,8 +30,8 @@ def run_batch(variant: Variant, texts: list[str], task: str) -> dict[str, float]
     t0 = time.perf_counter()
     encoded = variant.encode(texts)
     t1 = time.perf_counter()
-    rows = run_budgeted([encoded.ids], variant.forward_rows, variant.settings.max_batch_tokens,
-                        variant.split_tokens)[0]
+    rows = run_budgeted([encoded.ids], variant.forward_rows,
+                        variant.settings.batching.max_batch_tokens, variant.split_tokens)[0]
     t2 = time.perf_counter()
     variant.postprocess(task, rows)
     t3 = time.perf_counter()

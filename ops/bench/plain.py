@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse
 from ops.bench.endtoend import BenchError, check_reachable
 from ops.bench.target import PLAIN
 from rollout.settings import Settings
-from serve.recipes.variants import TASKS, Variant
+from serve.recipes.variants import TASKS, Variant, VariantSettings
 
 APP = PLAIN  # its Serve application and deployment name, as the benchmark's target
 ROUTE = "/plain"
@@ -86,7 +86,8 @@ class PlainModel:
     def __init__(self, settings: Settings):
         cores = os.cpu_count() or 1
         torch.set_num_threads(cores)
-        self.variant = Variant(settings, "baseline", recipe=RECIPE)
+        self.variant = Variant(VariantSettings(settings, settings, settings, settings),
+                               "baseline", recipe=RECIPE)
         self.default_task = settings.default_task
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="plain-forward",
                                         initializer=torch.set_num_threads, initargs=(cores,))

@@ -65,7 +65,7 @@ from serve.common.batching import served_batches
 from serve.common.neighbours import retrieval_of
 from serve.common.regression import RegressionSet, load_set
 from serve.recipes.source import check_labels, labels_of
-from serve.recipes.variants import Variant
+from serve.recipes.variants import Variant, VariantSettings
 
 CHUNK = 256  # inputs per progress step of the agreement pass
 
@@ -132,11 +132,12 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
     bar = _Bar(progress_stream, progress_stream is not None)
     try:
         bar.stage("loading baseline", 1)
-        baseline = Variant(settings, "baseline")
+        groups = VariantSettings(settings, settings, settings, settings)
+        baseline = Variant(groups, "baseline")
         bar.step()
         regression = load_set(set_path or settings.regression_set, baseline.labels).limited(limit)
         bar.stage(f"loading {settings.optimized_recipe}", 1)
-        optimized = Variant(settings, "optimized", progress=lambda step, _: bar.note(step))
+        optimized = Variant(groups, "optimized", progress=lambda step, _: bar.note(step))
         bar.step()
         pairs, vectors = _pairs(baseline, optimized, regression, bar)
         report = _judged(settings, baseline, optimized, regression, pairs)

@@ -86,8 +86,7 @@ def build(variant, source: Path, weights: str, progress=None) -> tuple[Ct2Model,
     say = progress or (lambda line: log.info("ct2: %s", line))
     parts = {"recipe": "ct2-int8", "weights": weights, "ctranslate2": ctranslate2.__version__,
              "transformers": transformers.__version__, "quantization": "int8"}
-    settings = variant.settings
-    root = artifact_root(settings.onnx_dir)
+    root = artifact_root(variant.settings.recipe.onnx_dir)
 
     def convert(work: Path) -> tuple[dict, dict]:
         say(f"converting {source.name} to CTranslate2 int8")

@@ -121,9 +121,9 @@ def key_parts(variant, weights: str, calibration_digest: str) -> dict:
     """Everything that decides the artifact's bytes (and so its answers)."""
     settings = variant.settings
     return {"recipe": RECIPE, "weights": weights, "head": variant.has_head, **_versions(),
-            "set": calibration_digest, "target": settings.int8_target_agreement,
-            "min_margin": settings.verify_min_margin, "labels": list(variant.labels),
-            "template": settings.label_template, "max_tokens": variant.max_tokens,
+            "set": calibration_digest, "target": settings.recipe.int8_target_agreement,
+            "min_margin": settings.verify.verify_min_margin, "labels": list(variant.labels),
+            "template": settings.model.label_template, "max_tokens": variant.max_tokens,
             "alphas": list(ALPHAS), "rows": CALIBRATION_ROWS, "precision": PRECISION_HINT}
 
 
@@ -143,7 +143,8 @@ def build(variant, source: Path, weights: str, progress=None) -> tuple[OvModel, 
     say = progress or (lambda line: log.info("openvino: %s", line))
     output = "logits" if variant.has_head else "last_hidden_state"
     threads = torch.get_num_threads()
-    regression = load_set(variant.settings.regression_set)  # texts only: labels play no part
+    # texts only: labels play no part
+    regression = load_set(variant.settings.verify.regression_set)
     texts = [regression.examples[i].text for i in regression.calibration()]
     parts = key_parts(variant, weights, regression.digest)
 
@@ -153,7 +154,8 @@ def build(variant, source: Path, weights: str, progress=None) -> tuple[OvModel, 
         decision = {k: found[k] for k in ("smooth_quant_alpha", "kept")}
         return decision, found
 
-    artifact = load_or_build(parts, artifact_root(variant.settings.onnx_dir), make, FILES)
+    artifact = load_or_build(parts, artifact_root(variant.settings.recipe.onnx_dir), make,
+                             FILES)
     model = OvModel(artifact.path, output=output, threads=threads,
                     size_bytes=artifact.size_bytes, manifest=artifact.manifest)
     decision = {"recipe": RECIPE, "runtime": f"openvino {parts['openvino']}",
@@ -178,7 +180,7 @@ def _search(variant, source: Path, work: Path, texts: list[str], output: str, th
     data = [_feed(variant, texts[i:i + CALIBRATION_BATCH * step:step])
             for i in range(0, len(texts), CALIBRATION_BATCH * step)]
     score = judge(variant, texts)
-    target = variant.settings.int8_target_agreement
+    target = variant.settings.recipe.int8_target_agreement
     tried: list[dict] = []  # in the order tried
 
     def attempt(alpha: float, keep: list[str]):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from rollout.settings import ModelSettings, RecipeSettings, Settings
+from rollout.settings import ModelSettings, RecipeSettings, VerifySettings
 from serve.recipes import RECIPES, recipe_for, resolve_device
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -123,48 +123,51 @@ def variant_version(weights: str, recipe: str, plan: dict | None = None,
     return f"{recipe}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def versions(settings: Settings) -> dict[str, str]:
+def versions(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings
+             ) -> dict[str, str]:
     """The versions both arms will report, from files alone (no model is loaded); an
     accuracy-aware arm reads its plan from the plan cache (None when it was never computed), an
     ONNX arm is None (its artifact's decision is known once it is loaded)."""
-    device = resolve_device(settings)
+    device = resolve_device(model)
     found = {}
     for arm in ARMS:
-        path = model_dir(settings, arm)
+        path = model_dir(model, arm)
         weights = weights_digest(path)
-        recipe = recipe_for(arm, settings, device)
-        if recipe == "accuracy-aware":
+        name = recipe_for(arm, model, device)
+        if name == "accuracy-aware":
             from serve.recipes.accuracy_aware import find_plan
 
-            key = aware_plan_key(settings, weights, path, arm_labels(settings, path))
-            plan = find_plan(key, plan_dir(settings))
-            found[arm] = variant_version(weights, recipe, plan) if plan else None
-        elif recipe == "auto":
+            key = aware_plan_key(model, recipe, verify, weights, path, arm_labels(model, path))
+            plan = find_plan(key, plan_dir(recipe))
+            found[arm] = variant_version(weights, name, plan) if plan else None
+        elif name == "auto":
             from serve.recipes.auto.choose import cached_choice
 
-            choice = cached_choice(settings, weights=weights, device=device,
-                                   labels=arm_labels(settings, path))
+            choice = cached_choice(model, recipe, verify, weights=weights, device=device,
+                                   labels=arm_labels(model, path))
             found[arm] = (variant_version(weights, choice.recipe, None, choice.decision)
                           if choice else None)
-        elif RECIPES[recipe].runtime:
+        elif RECIPES[name].runtime:
             found[arm] = None  # the artifact's decision is part of it: known once loaded
         else:
-            found[arm] = variant_version(weights, recipe)
+            found[arm] = variant_version(weights, name)
     return found
 
 
-def aware_plan_key(settings: Settings, weights: str, path: Path,
-                   labels: tuple[str, ...]) -> str:
+def aware_plan_key(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings,
+                   weights: str, path: Path, labels: tuple[str, ...]) -> str:
+    """The accuracy-aware plan's cache key: the weights, the calibration set, the plan's target
+    and precision, the labels as the encoder sees them and the truncation length."""
     from serve.common.regression import load_set
     from serve.recipes.accuracy_aware import plan_key, resolve_high_precision
 
-    regression = load_set(settings.regression_set)
+    regression = load_set(verify.regression_set)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     return plan_key(
-        weights=weights, set_digest=regression.digest, target=settings.aware_target_agreement,
-        high_precision=resolve_high_precision(settings.aware_high_precision),
-        labels=labels, template=settings.label_template,
-        max_tokens=min(settings.max_tokens, getattr(config, "max_position_embeddings", 512)),
+        weights=weights, set_digest=regression.digest, target=recipe.aware_target_agreement,
+        high_precision=resolve_high_precision(recipe.aware_high_precision),
+        labels=labels, template=model.label_template,
+        max_tokens=min(model.max_tokens, getattr(config, "max_position_embeddings", 512)),
     )
 
 

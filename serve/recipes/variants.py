@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
-from rollout.settings import Settings
+from rollout.settings import BatchingSettings, ModelSettings, RecipeSettings, VerifySettings
 from serve.common.batching import PAD_WIDTHS, padded_width, run_budgeted
 from serve.recipes import recipe as recipe_named
 from serve.recipes import recipe_for, resolve_device
@@ -48,6 +48,21 @@ TASKS = ("classify", "embed")
 
 
 @dataclass(frozen=True)
+class VariantSettings:
+    """The settings groups a variant reads: its model's (folder, labels, device, tokens),
+    building its recipe's (caches, calibration targets), verify's (the regression set a recipe
+    calibrates on, the margin of a confident flip, the gate `auto` applies) and batching's (a
+    served batch's token budget). The recipe it builds reads them as `variant.settings.<group>`.
+    A composition root passes the whole Settings as each:
+    `VariantSettings(settings, settings, settings, settings)`."""
+
+    model: ModelSettings
+    recipe: RecipeSettings
+    verify: VerifySettings
+    batching: BatchingSettings
+
+
+@dataclass(frozen=True)
 class Built:
     """A recipe applied: the model to run, and what the variant's version must hash besides the
     weights and the recipe (an accuracy-aware plan, or an ONNX artifact's decision)."""
@@ -60,25 +75,28 @@ class Built:
 class Variant:
     """A loaded model under one recipe: tokenize, forward a merged batch, postprocess."""
 
-    def __init__(self, settings: Settings, arm: str, *, recipe: str | None = None, progress=None):
+    def __init__(self, settings: VariantSettings, arm: str, *, recipe: str | None = None,
+                 progress=None):
         self.settings = settings
         self.arm = arm
-        path = model_dir(settings, arm)
-        self.device = resolve_device(settings)
-        self.recipe = recipe or recipe_for(arm, settings, self.device)
+        model_settings = settings.model
+        path = model_dir(model_settings, arm)
+        self.device = resolve_device(model_settings)
+        self.recipe = recipe or recipe_for(arm, model_settings, self.device)
         self.split_tokens = SPLIT_TOKENS[self.device]
         weights = weights_digest(path)
-        self.tokenizer, self.max_tokens, self.tokenizer_digest = load_tokenizer(settings, path)
+        self.tokenizer, self.max_tokens, self.tokenizer_digest = load_tokenizer(
+            model_settings, path)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         self.has_head = has_head(config)
-        self.labels = arm_labels(settings, path, config)
+        self.labels = arm_labels(model_settings, path, config)
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
         model = loader.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
         self.model = model.to(self.device)  # fp32 until the recipe is applied below
         if self.has_head:
             self.label_matrix = None
         else:
-            texts = [settings.label_template.format(label) for label in self.labels]
+            texts = [model_settings.label_template.format(label) for label in self.labels]
             self.label_matrix = self.embed_batch([self.encode(texts)])[0]
         self.source, self.weights = path, weights
         self.choice = None  # serve.recipes.auto.choose.Choice when the recipe was `auto`
@@ -96,8 +114,9 @@ class Variant:
 
         from serve.recipes.auto.choose import choose, describe
 
-        choice = choose(self.settings, self, weights=self.weights, device=self.device,
-                        progress=progress)
+        groups = self.settings
+        choice = choose(groups.model, groups.recipe, groups.verify, self, weights=self.weights,
+                        device=self.device, progress=progress)
         logging.getLogger("canary.autopick").info("%s", describe(choice))
         return choice
 
@@ -137,19 +156,21 @@ class Variant:
             store_plan,
         )
 
-        key = aware_plan_key(self.settings, weights, path, self.labels)
-        plan = find_plan(key, plan_dir(self.settings))
+        groups = self.settings
+        key = aware_plan_key(groups.model, groups.recipe, groups.verify, weights, path,
+                             self.labels)
+        plan = find_plan(key, plan_dir(groups.recipe))
         if plan is None:
-            regression = load_set(self.settings.regression_set, self.labels)
+            regression = load_set(groups.verify.regression_set, self.labels)
             texts = [regression.examples[i].text for i in regression.calibration()]
             plan = search_plan(
                 self.model, lambda model, batch: self.rows(batch, model=model), texts,
-                self.scores, target=self.settings.aware_target_agreement,
-                high_precision=resolve_high_precision(self.settings.aware_high_precision),
+                self.scores, target=groups.recipe.aware_target_agreement,
+                high_precision=resolve_high_precision(groups.recipe.aware_high_precision),
                 progress=progress,
             )
             plan.update(key=key, set_digest=regression.digest)
-            store_plan(plan, plan_dir(self.settings))
+            store_plan(plan, plan_dir(groups.recipe))
         return plan
 
     def encode(self, texts: list[str]) -> Encoded:
@@ -196,7 +217,7 @@ class Variant:
         forward (serve.common.batching.run_budgeted, with this variant's `split_tokens`)."""
         [rows] = run_budgeted([self.encode(texts).ids],
                               lambda batch: self.forward_rows(batch, model),
-                              self.settings.max_batch_tokens, self.split_tokens)
+                              self.settings.batching.max_batch_tokens, self.split_tokens)
         if isinstance(rows, Exception):
             raise rows
         return rows

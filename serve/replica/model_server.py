@@ -30,7 +30,7 @@ from serve.common.answer import BatchShape, CallFailed, ModelAnswer, StageTiming
 from serve.common.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.recipes.auto.choose import describe
 from serve.recipes.source import Encoded
-from serve.recipes.variants import Variant
+from serve.recipes.variants import Variant, VariantSettings
 from serve.replica.cputime import ForwardClock, burn_cpu, shares
 from serve.replica.faults import Faults
 from serve.replica.memory_trim import Trimmer, release_free_memory
@@ -113,7 +113,8 @@ class ModelServer:
         share = settings.threads_per_model()
         torch.set_num_threads(startup_threads(settings))
         self.arm = arm
-        self.variant = Variant(settings, arm, progress=startup_log(arm))
+        self.variant = Variant(VariantSettings(settings, settings, settings, settings), arm,
+                               progress=startup_log(arm))
         if self.variant.choice is not None:
             startup_log(arm)(describe(self.variant.choice), None)
         torch.set_num_threads(share)

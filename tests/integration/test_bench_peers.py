@@ -24,6 +24,7 @@ def test_litserve_serves_the_packaged_model_as_the_gateway_embeds_it(tmp_path):
     from rollout import Settings
     from serve.recipes.source import model_dir
     from serve.recipes.variants import Variant
+    from tests.variant_settings import groups
 
     settings = Settings()
     peer, folder = PEERS["litserve"], model_dir(settings)
@@ -34,7 +35,7 @@ def test_litserve_serves_the_packaged_model_as_the_gateway_embeds_it(tmp_path):
         group = os.getpgid(running.pid)
     assert answer.status_code == 200
     [row] = peer.vectors(answer.json())
-    ours = Variant(settings, "baseline", recipe="fp32").rows([text])[0]
+    ours = Variant(groups(settings), "baseline", recipe="fp32").rows([text])[0]
     assert len(row) == ours.shape[0] == 384
     assert torch.nn.functional.cosine_similarity(torch.tensor(row), ours, dim=0) > 0.9999
     assert not process.group_alive(group)  # nothing of it is left

@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from rollout.redis_layout import Keys
-from serve.recipes.source import versions
 from tests.tiny_model import make_tiny_encoder
+from tests.variant_settings import versions_of
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def arms(gw, folders):
     yield gw, folders
     gw.set_state(canary_bp=0)  # 0 % may be set while several versions are live
     gw.redeploy({})  # the shared app's models again (the tiny encoder on both arms)
-    shared = versions(gw.settings)
+    shared = versions_of(gw.settings)
     fresh_reports(gw, (shared["baseline"], shared["optimized"]))
 
 
@@ -96,7 +96,7 @@ def test_new_weights_are_promoted_to_baseline_with_a_known_good_fallback_through
     gw, folders = arms
     canary = {"optimized_model_path": str(folders["v2"])}  # v2 / bf16 against v1 / fp32
     gw.redeploy({}, **canary)
-    v = versions(gw.settings.model_copy(update=canary))
+    v = versions_of(gw.settings.model_copy(update=canary))
     assert v["baseline"].startswith("fp32-") and v["optimized"].startswith("bf16-")
     assert gw.served_state()["serving"] == v
     fresh_reports(gw, (v["baseline"], v["optimized"]))
@@ -110,7 +110,7 @@ def test_new_weights_are_promoted_to_baseline_with_a_known_good_fallback_through
     promoted = {**canary, "baseline_model_path": str(folders["v2"]), "baseline_recipe": "bf16"}
     with Traffic(gw) as traffic:
         gw.redeploy({}, **promoted)
-    p = versions(gw.settings.model_copy(update=promoted))
+    p = versions_of(gw.settings.model_copy(update=promoted))
     assert p == {"baseline": v["optimized"], "optimized": v["optimized"]}
     known_good = {("optimized", v["optimized"]), ("baseline", v["baseline"]),
                   ("baseline", p["baseline"])}
@@ -128,7 +128,7 @@ def test_new_weights_are_promoted_to_baseline_with_a_known_good_fallback_through
     # to v2, so the newly deployed v3 gets nothing, and the baseline (v2) answers
     candidate = {**promoted, "optimized_model_path": str(folders["v3"])}
     gw.redeploy({}, **candidate)
-    c = versions(gw.settings.model_copy(update=candidate))
+    c = versions_of(gw.settings.model_copy(update=candidate))
     assert c["baseline"] == p["baseline"] and c["optimized"] not in (p["optimized"],
                                                                        v["baseline"])
     served = gw.wait_for_revision(state.revision)  # the new replica's state, not stale

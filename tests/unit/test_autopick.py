@@ -30,6 +30,7 @@ from serve.recipes.auto.choose import (
     measure,
 )
 from serve.recipes.cpu_flags import bf16_native, cpu_flags
+from tests.variant_settings import auto_groups
 
 AVX2 = Hardware("cpu", bf16=False, flags=("avx2",))
 SAPPHIRE = Hardware("cpu", bf16=True, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
@@ -76,8 +77,8 @@ class StubMeasure:
 
 def pick(settings, hardware, results, **kw):
     stub = StubMeasure(results)
-    choice = choose(settings, SimpleNamespace(labels=settings.labels), weights=WEIGHTS,
-                    device=hardware.device, measure=stub, hardware=hardware,
+    choice = choose(*auto_groups(settings), SimpleNamespace(labels=settings.labels),
+                    weights=WEIGHTS, device=hardware.device, measure=stub, hardware=hardware,
                     clock=FakeClock(), **kw)
     return choice, stub
 
@@ -188,8 +189,10 @@ def test_a_cached_choice_is_served_without_measuring(settings):
 
     assert len(stub.calls) == 3 and second.calls == []
     assert again == first
-    assert cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2) == first
-    assert cached_choice(settings, weights="b" * 64, device="cpu", hardware=AVX2) is None
+    assert cached_choice(*auto_groups(settings), weights=WEIGHTS, device="cpu",
+                         hardware=AVX2) == first
+    assert cached_choice(*auto_groups(settings), weights="b" * 64, device="cpu",
+                         hardware=AVX2) is None
 
 
 def _corrupt(name):
@@ -217,13 +220,14 @@ def test_a_corrupt_or_stale_cached_choice_is_measured_again(settings, corruption
     file = choice_dir(settings) / f"{first.key}.json"
     _corrupt(corruption)(file)
 
-    assert cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2) is None
+    assert cached_choice(*auto_groups(settings), weights=WEIGHTS, device="cpu",
+                         hardware=AVX2) is None
     again, stub = pick(settings, AVX2, {"ct2-int8": (False, 2.0), "ov-int8": (False, 2.3),
                                         "onnx-fp32": (True, 1.2)})
 
     assert stub.calls == ["ov-int8", "ct2-int8", "onnx-fp32"]  # measured, not trusted
     assert again.recipe == "onnx-fp32"
-    stored = cached_choice(settings, weights=WEIGHTS, device="cpu", hardware=AVX2)
+    stored = cached_choice(*auto_groups(settings), weights=WEIGHTS, device="cpu", hardware=AVX2)
     assert stored == (None if corruption == "unreadable" else again)  # rewritten where it can be
 
 
@@ -248,7 +252,8 @@ def test_key_follows_what_changes_the_choice(tmp_path, change):
     second, stub = pick(after, SAPPHIRE, results)
 
     assert second.key != first.key and stub.calls  # measured anew under the new key
-    assert cached_choice(before, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE) == first
+    assert cached_choice(*auto_groups(before), weights=WEIGHTS, device="cpu",
+                         hardware=SAPPHIRE) == first
 
 
 def test_hidden_bf16_measures_the_int8_runtime_on_a_bf16_machine(tmp_path):
@@ -439,8 +444,9 @@ def test_choose_with_real_measure_on_the_calibration_split(settings):
         "ct2-int8": StubModel(cost=3.0),  # faithful, but no faster than fp32
         "onnx-fp32": StubModel(cost=2.0, flips_near_ties=True),
     }, clock)
-    choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE,
-                    measure=functools.partial(measure, timer=clock.monotonic), clock=clock)
+    choice = choose(*auto_groups(settings), variant, weights=WEIGHTS, device="cpu",
+                    hardware=SAPPHIRE, measure=functools.partial(measure, timer=clock.monotonic),
+                    clock=clock)
 
     assert (choice.recipe, choice.fallback) == ("onnx-fp32", False)
     assert choice.decision == {"recipe": "onnx-fp32"}
@@ -465,8 +471,9 @@ def test_a_candidate_tuned_to_the_calibration_split_is_refused_on_the_validation
         "ct2-int8": StubModel(cost=2.0),
         "onnx-fp32": StubModel(cost=2.5),
     }, clock)
-    choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=AVX2,
-                    measure=functools.partial(measure, timer=clock.monotonic), clock=clock)
+    choice = choose(*auto_groups(settings), variant, weights=WEIGHTS, device="cpu",
+                    hardware=AVX2, measure=functools.partial(measure, timer=clock.monotonic),
+                    clock=clock)
 
     overfit = choice.evidence_for("ov-int8")
     assert overfit.agreement == 0.0 and not overfit.passed
@@ -489,9 +496,9 @@ def test_a_candidate_whose_point_estimate_passes_and_bound_fails_is_not_served(s
         "ct2-int8": StubModel(cost=2.0),
         "onnx-fp32": StubModel(cost=2.5),
     }, clock, near_ties=frozenset(range(3, 50, 12)))
-    choice = choose(settings, variant, weights=WEIGHTS, device="cpu", hardware=SAPPHIRE,
-                    measure=functools.partial(measure, timer=clock.monotonic), clock=clock,
-                    progress=lambda line, _: lines.append(line))
+    choice = choose(*auto_groups(settings), variant, weights=WEIGHTS, device="cpu",
+                    hardware=SAPPHIRE, measure=functools.partial(measure, timer=clock.monotonic),
+                    clock=clock, progress=lambda line, _: lines.append(line))
 
     bf16 = choice.evidence_for("bf16")
     assert bf16.n == 931 and bf16.confident_flips == 0 and 0.98 <= bf16.agreement < 0.99

@@ -164,10 +164,11 @@ def test_a_plain_batch_answers_each_text_as_the_baseline_variant_does(tmp_path):
     from rollout.settings import Settings
     from serve.recipes.variants import Variant
     from tests.tiny_model import make_tiny_encoder
+    from tests.variant_settings import groups
 
     settings = Settings(model_path=str(make_tiny_encoder(tmp_path / "enc")))
     server = object.__new__(plain.PlainModel.func_or_class)  # outside Serve: no __init__
-    server.variant = Variant(settings, "baseline", recipe=plain.RECIPE)
+    server.variant = Variant(groups(settings), "baseline", recipe=plain.RECIPE)
     items = [("a short text", "classify"),
              ("and a much longer one about sports and politics", "classify"),
              ("one more", "embed")]

@@ -15,6 +15,7 @@ from serve.recipes.onnx.calibrate import Score, node_layers, quantizable, weight
 from serve.recipes.source import variant_version, weights_digest
 from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
+from tests.variant_settings import groups
 
 TEXTS = ["a short one", "a somewhat longer input sentence for the encoder", "third", "x " * 40]
 
@@ -36,12 +37,12 @@ def _settings(encoder_dir, onnx_dir, recipe, **extra):
 
 @pytest.fixture(scope="module")
 def baseline(encoder_dir, onnx_dir):
-    return Variant(_settings(encoder_dir, onnx_dir, "onnx-fp32"), "baseline")
+    return Variant(groups(_settings(encoder_dir, onnx_dir, "onnx-fp32")), "baseline")
 
 
 @pytest.fixture(scope="module")
 def int8(encoder_dir, onnx_dir):
-    return Variant(_settings(encoder_dir, onnx_dir, "onnx-int8"), "optimized")
+    return Variant(groups(_settings(encoder_dir, onnx_dir, "onnx-int8")), "optimized")
 
 
 def _artifact_folder(variant):
@@ -49,7 +50,7 @@ def _artifact_folder(variant):
 
 
 def test_fp32_graph_answers_as_torch_does(baseline, encoder_dir, onnx_dir):
-    opt = Variant(_settings(encoder_dir, onnx_dir, "onnx-fp32"), "optimized")
+    opt = Variant(groups(_settings(encoder_dir, onnx_dir, "onnx-fp32")), "optimized")
     assert isinstance(opt.model, OrtModel) and opt.model.threads == torch.get_num_threads()
     assert torch.allclose(baseline.rows(TEXTS), opt.rows(TEXTS), atol=1e-4)
     assert opt.version.startswith("onnx-fp32-")
@@ -81,7 +82,7 @@ def test_cached_artifact_is_loaded_not_rebuilt(int8, encoder_dir, onnx_dir, monk
         raise AssertionError("the cached artifact should have been used")
 
     monkeypatch.setattr("serve.recipes.onnx.build.export", no_export)
-    again = Variant(_settings(encoder_dir, onnx_dir, "onnx-int8"), "optimized")
+    again = Variant(groups(_settings(encoder_dir, onnx_dir, "onnx-int8")), "optimized")
     assert again.version == int8.version
     assert _artifact_folder(again) == _artifact_folder(int8)
 
@@ -89,7 +90,7 @@ def test_cached_artifact_is_loaded_not_rebuilt(int8, encoder_dir, onnx_dir, monk
 @pytest.mark.parametrize("damage", ["flip a byte", "drop the model", "other format", "bad json"])
 def test_corrupt_or_stale_artifact_is_rebuilt_not_served(damage, encoder_dir, tmp_path):
     settings = _settings(encoder_dir, tmp_path, "onnx-fp32")
-    first = Variant(settings, "optimized")
+    first = Variant(groups(settings), "optimized")
     folder = _artifact_folder(first)
     model, manifest = folder / MODEL, folder / MANIFEST
     if damage == "flip a byte":
@@ -104,7 +105,7 @@ def test_corrupt_or_stale_artifact_is_rebuilt_not_served(damage, encoder_dir, tm
         manifest.write_text("{not json")
     with pytest.raises(ValueError):
         check(folder, folder.name, (MODEL,))
-    again = Variant(settings, "optimized")
+    again = Variant(groups(settings), "optimized")
     check(folder, folder.name, (MODEL,))  # rebuilt in place, and trustworthy again
     assert again.version == first.version
     assert torch.allclose(again.rows(TEXTS), first.rows(TEXTS), atol=1e-5)
@@ -142,7 +143,7 @@ def test_classifier_head_exports_its_logits(tmp_path):
     source = make_tiny_encoder(tmp_path / "cls", classifier_labels=("neg", "pos"))
     settings = Settings(model_path=str(source), optimized_recipe="onnx-fp32",
                         onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
-    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    base, opt = Variant(groups(settings), "baseline"), Variant(groups(settings), "optimized")
     assert opt.model.output == "logits"
     assert torch.allclose(base.rows(TEXTS), opt.rows(TEXTS), atol=1e-4)
 
@@ -165,7 +166,7 @@ def test_search_score_reaches_needs_no_confident_flip():
 
 
 def test_onnx_recipes_refuse_cuda(encoder_dir, onnx_dir):
-    variant = Variant(_settings(encoder_dir, onnx_dir, "fp32"), "baseline")
+    variant = Variant(groups(_settings(encoder_dir, onnx_dir, "fp32")), "baseline")
     variant.device = "cuda"
     with pytest.raises(ValueError, match="CPU only"):
         variant.build("onnx-int8")
@@ -180,7 +181,7 @@ def test_ct2_int8_converts_caches_and_answers_close_to_fp32(baseline, encoder_di
     from serve.recipes.ct2_int8 import FILES, Ct2Model
 
     settings = _settings(encoder_dir, tmp_path, "ct2-int8")
-    opt = Variant(settings, "optimized")
+    opt = Variant(groups(settings), "optimized")
     assert isinstance(opt.model, Ct2Model) and opt.model.threads == torch.get_num_threads()
     assert opt.version.startswith("ct2-int8-") and opt.decision["runtime"].startswith("ctranslate2")
     rows, reference = opt.rows(TEXTS), baseline.rows(TEXTS)
@@ -190,7 +191,7 @@ def test_ct2_int8_converts_caches_and_answers_close_to_fp32(baseline, encoder_di
     check(folder, folder.name, FILES)
     monkeypatch.setattr("ctranslate2.converters.TransformersConverter",
                         lambda *_a: pytest.fail("the cached conversion should have been used"))
-    assert Variant(settings, "optimized").version == opt.version
+    assert Variant(groups(settings), "optimized").version == opt.version
 
 
 def test_ct2_refuses_a_classifier_head(tmp_path):
@@ -198,7 +199,7 @@ def test_ct2_refuses_a_classifier_head(tmp_path):
     settings = Settings(model_path=str(source), optimized_recipe="ct2-int8",
                         onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
     with pytest.raises(ValueError, match="sequence classifier"):
-        Variant(settings, "optimized")
+        Variant(groups(settings), "optimized")
 
 
 def test_nodes_map_to_the_torch_layers_they_compute():
@@ -234,7 +235,7 @@ def test_a_runtime_is_warmed_over_every_padding_width(baseline):
 
 @pytest.fixture(scope="module")
 def ov_int8(encoder_dir, onnx_dir):
-    return Variant(_settings(encoder_dir, onnx_dir, "ov-int8"), "optimized")
+    return Variant(groups(_settings(encoder_dir, onnx_dir, "ov-int8")), "optimized")
 
 
 def test_ov_int8_quantizes_caches_and_answers_close_to_fp32(baseline, ov_int8, encoder_dir,
@@ -257,7 +258,7 @@ def test_ov_int8_quantizes_caches_and_answers_close_to_fp32(baseline, ov_int8, e
     assert variant_version(ov_int8.weights, "ov-int8", decision=other) != ov_int8.version
     monkeypatch.setattr("serve.recipes.ov_int8._search",
                         lambda *_a, **_k: pytest.fail("the cached model should have been used"))
-    again = Variant(_settings(encoder_dir, onnx_dir, "ov-int8"), "optimized")
+    again = Variant(groups(_settings(encoder_dir, onnx_dir, "ov-int8")), "optimized")
     assert again.version == ov_int8.version
     assert torch.allclose(again.rows(TEXTS), rows, atol=1e-5)
 
@@ -280,7 +281,7 @@ def test_ov_int8_keeps_sensitive_layers_when_no_alpha_reaches_the_target(baselin
 
     monkeypatch.setattr(ovint8, "_quantize", recording)
     monkeypatch.setattr("serve.recipes.onnx.build.judge", judge)
-    opt = Variant(settings, "optimized")
+    opt = Variant(groups(settings), "optimized")
     decision = opt.model.manifest["decision"]
     assert len(decision["kept"]) == 3  # the binary search's fewest
     assert decision["smooth_quant_alpha"] == ovint8.ALPHAS[0]  # all tied: the first tried
@@ -307,7 +308,7 @@ def test_ov_int8_corrupt_artifact_is_rebuilt_not_served(ov_int8, encoder_dir, tm
     from serve.recipes.ov_int8 import FILES
 
     settings = _settings(encoder_dir, tmp_path, "ov-int8")
-    first = Variant(settings, "optimized")
+    first = Variant(groups(settings), "optimized")
     folder = first.model.source.parent
     weights = folder / FILES[1]
     data = bytearray(weights.read_bytes())
@@ -315,7 +316,7 @@ def test_ov_int8_corrupt_artifact_is_rebuilt_not_served(ov_int8, encoder_dir, tm
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="does not match its digest"):
         check(folder, folder.name, FILES)
-    again = Variant(settings, "optimized")
+    again = Variant(groups(settings), "optimized")
     check(folder, folder.name, FILES)
     assert torch.allclose(again.rows(TEXTS), first.rows(TEXTS), atol=1e-5)
 
@@ -324,7 +325,7 @@ def test_ov_int8_resizes_and_serves_a_classifier_head(tmp_path):
     source = make_tiny_encoder(tmp_path / "cls", classifier_labels=("neg", "pos"))
     settings = Settings(model_path=str(source), optimized_recipe="ov-int8",
                         onnx_dir=str(tmp_path / "onnx"), torch_threads=1)
-    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    base, opt = Variant(groups(settings), "baseline"), Variant(groups(settings), "optimized")
     assert opt.model.output == "logits"
     before = opt.rows(TEXTS)
     assert before.shape == base.rows(TEXTS).shape
@@ -353,7 +354,7 @@ def test_openvino_is_imported_with_its_telemetry_declined(tmp_path):
 
 def test_ov_int8_build_writes_nothing_on_standard_output(encoder_dir, tmp_path, capsys):
     """NNCF draws progress bars on stdout; `rollout verify --json` prints its JSON there."""
-    Variant(_settings(encoder_dir, tmp_path, "ov-int8"), "optimized")
+    Variant(groups(_settings(encoder_dir, tmp_path, "ov-int8")), "optimized")
     out = capsys.readouterr()
     assert out.out == ""
     assert "Statistics collection" in out.err  # NNCF's bars went to stderr instead

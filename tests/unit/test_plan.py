@@ -12,9 +12,10 @@ from rollout.agreement import wilson_interval
 from serve.common.regression import DEFAULT_SET, load_set
 from serve.recipes.accuracy_aware import describe, plan_digest
 from serve.recipes.eager import Int8Linear, linear_names
-from serve.recipes.source import variant_version, versions
+from serve.recipes.source import variant_version
 from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
+from tests.variant_settings import groups, versions_of
 
 TARGET = 0.97
 SLICE = 480  # 120 calibration inputs, 360 held out
@@ -32,8 +33,8 @@ def setup(tmp_path_factory):
         aware_target_agreement=TARGET, aware_high_precision="fp32", torch_threads=1,
     )
     steps = []
-    optimized = Variant(settings, "optimized", progress=lambda k, a: steps.append((k, a)))
-    return settings, Variant(settings, "baseline"), optimized, steps
+    optimized = Variant(groups(settings), "optimized", progress=lambda k, a: steps.append((k, a)))
+    return settings, Variant(groups(settings), "baseline"), optimized, steps
 
 
 def test_plan_reaches_its_target_on_the_held_out_split(setup):
@@ -68,11 +69,11 @@ def test_plan_keeps_the_fewest_sensitive_layers(setup):
 def test_plan_is_cached_and_part_of_the_version(setup):
     settings, _, optimized, _ = setup
     steps = []
-    again = Variant(settings, "optimized", progress=lambda k, a: steps.append(k))
+    again = Variant(groups(settings), "optimized", progress=lambda k, a: steps.append(k))
     assert steps == []  # read from the cache, not searched again
     assert again.plan["int8"] == optimized.plan["int8"]
     assert again.version == optimized.version
-    assert versions(settings)["optimized"] == optimized.version
+    assert versions_of(settings)["optimized"] == optimized.version
     assert optimized.version.startswith("accuracy-aware-")
     other = dict(optimized.plan, int8=optimized.plan["int8"][1:])
     assert plan_digest(other) != plan_digest(optimized.plan)

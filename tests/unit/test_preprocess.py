@@ -10,6 +10,7 @@ from serve.gateway.preprocess import Preprocessor
 from serve.recipes.source import Encoded
 from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
+from tests.variant_settings import groups
 
 TEXTS = ["short", "a somewhat longer input with more words in it " * 40, "émoji 🎉 text"]
 
@@ -25,7 +26,7 @@ def _info(variant: Variant) -> dict:
 
 def test_gateway_ids_equal_the_models_and_carry_their_time(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), max_tokens=64)
-    variant = Variant(settings, "baseline")
+    variant = Variant(groups(settings), "baseline")
     pre = Preprocessor(settings, settings, [_info(variant), _info(variant)])
     assert pre.enabled
     encoded = asyncio.run(pre.encode(TEXTS))
@@ -37,7 +38,7 @@ def test_gateway_ids_equal_the_models_and_carry_their_time(encoder_dir):
 
 def test_texts_go_through_when_the_models_tokenize_differently(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), max_tokens=64)
-    other = Variant(settings.model_copy(update={"max_tokens": 32}), "baseline")
+    other = Variant(groups(settings.model_copy(update={"max_tokens": 32})), "baseline")
     pre = Preprocessor(settings, settings, [_info(other), _info(other)])  # other truncation
     assert not pre.enabled
     assert asyncio.run(pre.encode(TEXTS)) is TEXTS
@@ -51,7 +52,7 @@ def test_zero_threads_turns_it_off(encoder_dir):
 
 def test_a_tokenizer_failure_sends_the_texts(encoder_dir):
     settings = Settings(model_path=str(encoder_dir))
-    variant = Variant(settings, "baseline")
+    variant = Variant(groups(settings), "baseline")
     pre = Preprocessor(settings, settings, [_info(variant)])
 
     def broken(*args, **kwargs):
@@ -66,7 +67,7 @@ def test_large_requests_are_tokenized_in_the_pool_small_ones_inline(encoder_dir)
     from serve.gateway.preprocess import INLINE_CHARS
 
     settings = Settings(model_path=str(encoder_dir), max_tokens=512)
-    variant = Variant(settings, "baseline")
+    variant = Variant(groups(settings), "baseline")
     pre = Preprocessor(settings, settings, [_info(variant)])
     threads = []
     real = pre.tokenizer

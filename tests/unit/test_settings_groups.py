@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rollout import MemoryStateStore, MemoryTelemetry, open_store, open_telemetry
+from rollout import MemoryStateStore, MemoryTelemetry, Settings, open_store, open_telemetry
 from rollout.ramp import open_ramp_store
 from rollout.settings import (
     AdmissionSettings,
+    BatchingSettings,
     ModelSettings,
     RecipeSettings,
     ServingSettings,
@@ -39,8 +40,9 @@ from serve.gateway.preprocess import Preprocessor
 from serve.gateway.schemas import max_body_bytes, parse_predict
 from serve.gateway.shadow import Shadow, flip_capture
 from serve.recipes import recipe_for, resolve_device
-from serve.recipes.auto.choose import choice_dir
-from serve.recipes.source import load_tokenizer, model_dir
+from serve.recipes.auto.choose import Hardware, cached_choice, choice_dir, choice_key
+from serve.recipes.source import load_tokenizer, model_dir, versions
+from serve.recipes.variants import Variant, VariantSettings
 from serve.replica.model_server import startup_threads
 from serve.telemetry.metrics_targets import MemoryTargetBook, ReplicaEndpoint
 from serve.telemetry.otel import RequestLog, Telemetry
@@ -140,6 +142,28 @@ def test_model_side_helpers_read_only_the_model_group(tmp_path):
     assert not pre.enabled  # another tokenizer reported: texts are sent
 
 
+def test_a_variant_reads_the_model_recipe_verify_and_batching_groups(tmp_path):
+    model = ModelSettings(model_path=str(make_tiny_encoder(tmp_path / "enc")), device="cpu",
+                          optimized_recipe="int8-dynamic")
+    recipe = RecipeSettings(plan_dir=str(tmp_path / "plans"), auto_choice_dir=str(tmp_path))
+    verify, batching = VerifySettings(), BatchingSettings(max_batch_tokens=64)
+    variant = Variant(VariantSettings(model, recipe, verify, batching), "optimized")
+    assert variant.served(["a short text", "word " * 40]).shape[0] == 2
+    assert versions(model, recipe, verify)["optimized"] == variant.version
+    aware = model.model_copy(update={"optimized_recipe": "accuracy-aware"})
+    assert versions(aware, recipe, verify)["optimized"] is None  # no plan computed yet
+    auto = model.model_copy(update={"optimized_recipe": "auto"})
+    assert versions(auto, recipe, verify)["optimized"] is None  # nothing measured yet
+
+
+def test_autos_key_is_the_same_from_the_groups_as_from_the_whole_settings(tmp_path):
+    hardware, whole = Hardware("cpu", True, ("avx2",)), Settings()
+    groups = (ModelSettings(), RecipeSettings(auto_choice_dir=str(tmp_path)), VerifySettings())
+    key, _ = choice_key(*groups, weights="a" * 64, hardware=hardware)
+    assert key == choice_key(whole, whole, whole, weights="a" * 64, hardware=hardware)[0]
+    assert cached_choice(*groups, weights="a" * 64, device="cpu", hardware=hardware) is None
+
+
 # --- the whole Settings only at the composition roots ------------------------------------------
 
 # Where a parameter may be the whole `Settings`, and why. ops/ as a whole: every operator command
@@ -157,18 +181,6 @@ WHOLE_SETTINGS = {
     "gateway replica",
     "serve/control_plane/controller.py:RampControllerDeployment.__init__": "the ramp controller "
     "replica's composition root (as the gateway)",
-    # not narrowed yet: an arm's model reads three groups (the model's, verify's regression set
-    # and margin that calibrate a recipe, batching's token budget)
-    "serve/recipes/variants.py:Variant.__init__": "ModelSettings + VerifySettings + "
-    "BatchingSettings",
-    "serve/recipes/source.py:versions": "ModelSettings + VerifySettings (as Variant)",
-    "serve/recipes/source.py:aware_plan_key": "ModelSettings + VerifySettings (the regression "
-    "set)",
-    # `auto`'s key hashes the model's settings, the regression set and the gate's thresholds
-    "serve/recipes/auto/choose.py:choose": "ModelSettings + VerifySettings",
-    "serve/recipes/auto/choose.py:cached_choice": "ModelSettings + VerifySettings",
-    "serve/recipes/auto/choose.py:choice_key": "ModelSettings + VerifySettings",
-    "serve/recipes/auto/choose.py:_measure_all": "ModelSettings + VerifySettings",
 }
 
 

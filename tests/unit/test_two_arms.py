@@ -23,11 +23,11 @@ from serve.recipes.source import (
     labels_of,
     model_dir,
     variant_version,
-    versions,
     weights_digest,
 )
 from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
+from tests.variant_settings import auto_groups, groups, versions_of
 
 FAST = {  # a small, quick verify, as tests/unit/test_verify.py runs it
     "CANARY_VERIFY_BATCH_SIZES": "1,4", "CANARY_VERIFY_SPEED_BATCH": "4",
@@ -91,7 +91,7 @@ def test_auto_is_refused_for_the_baseline():
 def test_a_bad_folder_names_the_arms_setting(arm, v1, tmp_path):
     settings = Settings(model_path=str(v1), **{f"{arm}_model_path": str(tmp_path / "nope")})
     with pytest.raises(FileNotFoundError, match=f"CANARY_{arm.upper()}_MODEL_PATH: model folder"):
-        versions(settings)
+        versions_of(settings)
     with pytest.raises(FileNotFoundError, match="CANARY_MODEL_PATH: model folder"):
         model_dir(Settings(model_path=str(tmp_path / "nope")), arm)
 
@@ -101,16 +101,16 @@ def test_a_bad_folder_names_the_arms_setting(arm, v1, tmp_path):
 def test_versions_hash_each_arms_weights_and_recipe(v1, v2):
     d1, d2 = weights_digest(v1), weights_digest(v2)
     assert d1 != d2
-    same_recipe = versions(two_arms(v1, v2))
+    same_recipe = versions_of(two_arms(v1, v2))
     assert same_recipe == {"baseline": variant_version(d1, "fp32"),
                            "optimized": variant_version(d2, "fp32")}
     assert same_recipe["baseline"] != same_recipe["optimized"]  # other weights, same recipe
-    same_weights = versions(Settings(model_path=str(v1), baseline_recipe="bf16",
+    same_weights = versions_of(Settings(model_path=str(v1), baseline_recipe="bf16",
                                      optimized_recipe="int8-dynamic"))
     assert same_weights == {"baseline": variant_version(d1, "bf16"),
                             "optimized": variant_version(d1, "int8-dynamic")}
     # the canary docs/operator-guide.md describes: v2 / int8 against v1 / bf16
-    canary = versions(two_arms(v1, v2, baseline_recipe="bf16").model_copy(
+    canary = versions_of(two_arms(v1, v2, baseline_recipe="bf16").model_copy(
         update={"optimized_recipe": "int8-dynamic"}))
     assert canary == {"baseline": variant_version(d1, "bf16"),
                       "optimized": variant_version(d2, "int8-dynamic")}
@@ -118,10 +118,10 @@ def test_versions_hash_each_arms_weights_and_recipe(v1, v2):
 
 def test_variants_load_their_own_weights_and_recipe(v1, v2):
     settings = two_arms(v1, v2, baseline_recipe="bf16", labels=("cats", "dogs"))
-    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    base, opt = Variant(groups(settings), "baseline"), Variant(groups(settings), "optimized")
     assert (base.source, opt.source) == (v1, v2)
     assert base.recipe == "bf16" and opt.recipe == "fp32"
-    assert {"baseline": base.version, "optimized": opt.version} == versions(settings)
+    assert {"baseline": base.version, "optimized": opt.version} == versions_of(settings)
     assert next(base.model.parameters()).dtype == torch.bfloat16
     texts = ["a short one", "another input"]
     assert not torch.allclose(base.rows(texts).float(), opt.rows(texts))  # other weights
@@ -129,9 +129,10 @@ def test_variants_load_their_own_weights_and_recipe(v1, v2):
 
 def test_auto_is_keyed_by_the_arms_labels():
     settings, hardware = Settings(), Hardware("cpu", False, ("avx2",))
-    plain, _ = choice_key(settings, weights="a" * 64, hardware=hardware)
-    same, _ = choice_key(settings, weights="a" * 64, hardware=hardware, labels=settings.labels)
-    other, context = choice_key(settings, weights="a" * 64, hardware=hardware,
+    read = auto_groups(settings)
+    plain, _ = choice_key(*read, weights="a" * 64, hardware=hardware)
+    same, _ = choice_key(*read, weights="a" * 64, hardware=hardware, labels=settings.labels)
+    other, context = choice_key(*read, weights="a" * 64, hardware=hardware,
                                 labels=("cats", "dogs"))
     assert plain == same != other and context["settings"]["labels"] == ["cats", "dogs"]
 
@@ -143,7 +144,7 @@ def test_a_folder_declares_its_own_labels(v1, tmp_path):
     settings = Settings(model_path=str(v1), optimized_model_path=str(folder))
     assert labels_of(settings, "baseline") == settings.labels  # CANARY_LABELS
     assert labels_of(settings, "optimized") == ("cats", "dogs", "cars")
-    variant = Variant(settings.model_copy(update={"optimized_recipe": "fp32"}), "optimized")
+    variant = Variant(groups(settings.model_copy(update={"optimized_recipe": "fp32"})), "optimized")
     [out] = variant.postprocess("classify", variant.rows(["hello"]))
     assert list(out["scores"]) == ["cats", "dogs", "cars"]
 
@@ -215,7 +216,7 @@ def test_verify_compares_the_two_configured_arms(env, v1, v2):
 
     assert code == 0, err
     doc = json.loads(out)
-    expected = versions(two_arms(v1, v2))
+    expected = versions_of(two_arms(v1, v2))
     assert (doc["baseline_version"], doc["optimized_version"]) == (
         expected["baseline"], expected["optimized"])
     assert doc["baseline_version"] != doc["optimized_version"]  # both fp32, other weights

@@ -5,9 +5,10 @@ import torch
 
 from rollout import Settings
 from serve.recipes import recipe_for
-from serve.recipes.source import variant_version, versions, weights_digest
+from serve.recipes.source import variant_version, weights_digest
 from serve.recipes.variants import Variant
 from tests.tiny_model import make_tiny_encoder
+from tests.variant_settings import groups, versions_of
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_version_hashes_weights_and_recipe(encoder_dir, tmp_path):
     other = make_tiny_encoder(tmp_path / "other")
     (other / "config.json").write_text((other / "config.json").read_text() + "\n")
     assert weights_digest(other) != digest
-    found = versions(Settings(model_path=str(encoder_dir), optimized_recipe="int8-dynamic"))
+    found = versions_of(Settings(model_path=str(encoder_dir), optimized_recipe="int8-dynamic"))
     assert found == {
         "baseline": variant_version(digest, "fp32"),
         "optimized": variant_version(digest, "int8-dynamic"),
@@ -45,8 +46,8 @@ def test_version_hashes_weights_and_recipe(encoder_dir, tmp_path):
 def test_encoder_variants_embed_and_classify(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), labels=("cats", "dogs", "cars"),
                         optimized_recipe="int8-dynamic")
-    base = Variant(settings, "baseline")
-    opt = Variant(settings, "optimized")
+    base = Variant(groups(settings), "baseline")
+    opt = Variant(groups(settings), "optimized")
     assert base.version.startswith("fp32-") and opt.version.startswith("int8-dynamic-")
     assert any(
         isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in opt.model.modules()
@@ -65,7 +66,7 @@ def test_encoder_variants_embed_and_classify(encoder_dir):
 
 
 def test_classifier_uses_its_own_head(classifier_dir):
-    variant = Variant(Settings(model_path=str(classifier_dir)), "baseline")
+    variant = Variant(groups(Settings(model_path=str(classifier_dir))), "baseline")
     assert variant.has_head and variant.labels == ("neg", "pos")
     (out,) = variant.postprocess("classify", variant.embed_batch([variant.encode(["hi"])])[0])
     assert out["label"] in ("neg", "pos")
@@ -75,27 +76,28 @@ def test_classifier_uses_its_own_head(classifier_dir):
 
 
 def test_truncation_to_max_tokens(encoder_dir):
-    variant = Variant(Settings(model_path=str(encoder_dir), max_tokens=16), "baseline")
+    variant = Variant(groups(Settings(model_path=str(encoder_dir), max_tokens=16)), "baseline")
     encoded = variant.encode(["word " * 500])
     assert len(encoded.ids[0]) == 16
 
 
 def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        Variant(Settings(model_path=str(tmp_path)), "baseline")
+        Variant(groups(Settings(model_path=str(tmp_path))), "baseline")
 
 
 def test_both_arms_share_the_fp32_label_embeddings(encoder_dir):
     settings = Settings(model_path=str(encoder_dir), optimized_recipe="int8-dynamic")
-    base, opt = Variant(settings, "baseline"), Variant(settings, "optimized")
+    base, opt = Variant(groups(settings), "baseline"), Variant(groups(settings), "optimized")
     assert opt.label_matrix.dtype == torch.float32
     assert torch.equal(base.label_matrix, opt.label_matrix)
 
 
 @pytest.mark.parametrize("recipe", ["int8-dynamic-per-channel", "bf16", "fp16", "int8-torchao"])
 def test_every_cpu_recipe_runs_and_stays_close_to_fp32(encoder_dir, recipe):
-    base = Variant(Settings(model_path=str(encoder_dir)), "baseline")
-    opt = Variant(Settings(model_path=str(encoder_dir), optimized_recipe=recipe), "optimized")
+    base = Variant(groups(Settings(model_path=str(encoder_dir))), "baseline")
+    opt = Variant(groups(Settings(model_path=str(encoder_dir), optimized_recipe=recipe)),
+                  "optimized")
     assert opt.recipe == recipe and opt.version.startswith(f"{recipe}-")
     texts = ["a short one", "numbers 1 2 3 and emoji 🚀", "word " * 40]
     cosine = (base.rows(texts) * opt.rows(texts)).sum(-1)
@@ -104,7 +106,7 @@ def test_every_cpu_recipe_runs_and_stays_close_to_fp32(encoder_dir, recipe):
 
 
 def test_rows_keep_input_order_whatever_the_batching(encoder_dir):
-    variant = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    variant = Variant(groups(Settings(model_path=str(encoder_dir))), "baseline")
     texts = ["word " * n for n in (30, 1, 12, 5, 60, 2)]
     together = variant.rows(texts, batch_size=4)
     alone = torch.cat([variant.rows([t]) for t in texts])
@@ -117,11 +119,12 @@ def test_compiled_recipe_wraps_the_fp32_model_for_inductor(encoder_dir):
     it on the regression set (docs/recipes.md, recipes table)."""
     from torch._dynamo.eval_frame import OptimizedModule
 
-    opt = Variant(Settings(model_path=str(encoder_dir), optimized_recipe="compiled"), "optimized")
+    opt = Variant(groups(Settings(model_path=str(encoder_dir), optimized_recipe="compiled")),
+                  "optimized")
     assert opt.recipe == "compiled" and opt.version.startswith("compiled-")
     assert isinstance(opt.model, OptimizedModule)
     assert {p.dtype for p in opt.model._orig_mod.parameters()} == {torch.float32}
-    base = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    base = Variant(groups(Settings(model_path=str(encoder_dir))), "baseline")
     assert opt.version != base.version
 
 
@@ -130,7 +133,7 @@ def test_small_batch_graphs_pad_rows_and_cut_them_off(encoder_dir):
     themselves need CUDA: ops/gpu_check.sh)."""
     from serve.recipes.fp16_graphs import SmallBatchGraphs
 
-    variant = Variant(Settings(model_path=str(encoder_dir)), "baseline")
+    variant = Variant(groups(Settings(model_path=str(encoder_dir))), "baseline")
     rows = [[101, 2023, 102], [101, 2003, 1037, 2742, 102], [101, 102]]
     expected = variant.forward_rows(rows)
     wrapped = SmallBatchGraphs(variant.model, max_rows=4, compile=False)
@@ -143,7 +146,7 @@ def test_small_batch_graphs_pad_rows_and_cut_them_off(encoder_dir):
 
 def test_fp16_graphs_is_refused_on_cpu(encoder_dir):
     with pytest.raises(ValueError, match="CUDA only"):
-        Variant(Settings(model_path=str(encoder_dir), optimized_recipe="fp16-graphs"),
+        Variant(groups(Settings(model_path=str(encoder_dir), optimized_recipe="fp16-graphs")),
                 "optimized")
 
 
@@ -151,7 +154,7 @@ def test_served_rows_are_packed_as_a_replica_packs_them(encoder_dir, monkeypatch
     """`Variant.served` (what verify and `auto` time as served traffic) forwards a batch under
     the token budget, as ModelServer does, with the same answers as one padded forward."""
     settings = Settings(model_path=str(encoder_dir), max_tokens=64, max_batch_tokens=64)
-    variant = Variant(settings, "baseline")
+    variant = Variant(groups(settings), "baseline")
     texts = ["short", "a bit longer than that one", "word " * 40, "x"]
     widths = []
     forward = variant.forward_rows

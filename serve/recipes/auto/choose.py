@@ -64,7 +64,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.clock import Clock, SystemClock
-from rollout.settings import RecipeSettings, Settings
+from rollout.settings import ModelSettings, RecipeSettings, VerifySettings
 from rollout.verdict import thresholds_from
 from serve.common.regression import load_set
 from serve.recipes.artifact import cache_root
@@ -154,35 +154,35 @@ class Choice(BaseModel):
         return next((e for e in self.evidence if e.recipe == recipe), None)
 
 
-def choose(settings: Settings, baseline, *, weights: str, device: str, measure=measure,
-           progress=None, hardware: Hardware | None = None, clock: Clock | None = None
-           ) -> Choice:
+def choose(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings, baseline, *,
+           weights: str, device: str, measure=measure, progress=None,
+           hardware: Hardware | None = None, clock: Clock | None = None) -> Choice:
     """The cached choice for these weights, host and settings, or one measured now and cached.
     `baseline` is the fp32 `serve.recipes.variants.Variant`, whose model must still be fp32."""
     hardware = hardware or detect_hardware(device)
-    key, context = choice_key(settings, weights=weights, hardware=hardware,
+    key, context = choice_key(model, recipe, verify, weights=weights, hardware=hardware,
                               labels=baseline.labels)
-    folder, allowed = choice_dir(settings), _allowed(settings, hardware)
+    folder, allowed = choice_dir(recipe), _allowed(recipe, hardware)
     if (found := _read(folder, key, allowed)) is not None:
         return found
     with _claim(folder, key):
         if (found := _read(folder, key, allowed)) is not None:  # measured while we waited
             return found
-        choice = _measure_all(settings, baseline, hardware, measure, progress,
+        choice = _measure_all(recipe, verify, baseline, hardware, measure, progress,
                               clock or SystemClock(), key=key, context=context)
         _store(folder, choice)
     return choice
 
 
-def cached_choice(settings: Settings, *, weights: str, device: str,
-                  hardware: Hardware | None = None, labels: tuple[str, ...] | None = None
-                  ) -> Choice | None:
+def cached_choice(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings, *,
+                  weights: str, device: str, hardware: Hardware | None = None,
+                  labels: tuple[str, ...] | None = None) -> Choice | None:
     """The stored choice for these weights, host and settings, without measuring; None when
     there is none (or none to trust). `labels`: the arm's (serve.recipes.variants.arm_labels), when
     its folder declares its own."""
     hardware = hardware or detect_hardware(device)
-    key, _ = choice_key(settings, weights=weights, hardware=hardware, labels=labels)
-    return _read(choice_dir(settings), key, _allowed(settings, hardware))
+    key, _ = choice_key(model, recipe, verify, weights=weights, hardware=hardware, labels=labels)
+    return _read(choice_dir(recipe), key, _allowed(recipe, hardware))
 
 
 def describe(choice: Choice) -> str:
@@ -205,20 +205,23 @@ def _bound_refusal(found: Evidence) -> str:
             f"agreement, 95% lower bound {found.lower_bound:.4f} on {found.n} inputs)")
 
 
-def choice_key(settings: Settings, *, weights: str, hardware: Hardware,
-               labels: tuple[str, ...] | None = None) -> tuple[str, dict]:
+def choice_key(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings, *,
+               weights: str, hardware: Hardware, labels: tuple[str, ...] | None = None
+               ) -> tuple[str, dict]:
     """(key, the parts it hashes): module docstring, step 4. `labels`: the arm's, in place of
-    `settings.labels` (the same key when they are equal)."""
-    answers = settings.model_dump(mode="json", include=ANSWER_SETTINGS)
+    `model.labels` (the same key when they are equal). The answer settings of both groups are
+    hashed as one mapping, so the key does not depend on which group holds a field."""
+    answers = {**model.model_dump(mode="json", include=ANSWER_SETTINGS),
+               **recipe.model_dump(mode="json", include=ANSWER_SETTINGS)}
     if labels is not None:
         answers["labels"] = list(labels)
     context = {
         "format": FORMAT, "weights": weights,
-        "hardware": hardware.key(settings.hide_native_bf16),
+        "hardware": hardware.key(recipe.hide_native_bf16),
         "versions": library_versions(),
-        "set": load_set(settings.regression_set).digest,
+        "set": load_set(verify.regression_set).digest,
         "settings": answers,
-        "thresholds": thresholds_from(settings).model_dump(mode="json"),
+        "thresholds": thresholds_from(verify).model_dump(mode="json"),
     }
     text = json.dumps(context, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16], context
@@ -253,32 +256,32 @@ def _allowed(settings: RecipeSettings, hardware: Hardware) -> set[str]:
             FALLBACK[hardware.device]}
 
 
-def _measure_all(settings: Settings, baseline, hardware: Hardware, measure, progress,
-                 clock: Clock, *, key: str, context: dict) -> Choice:
+def _measure_all(recipe: RecipeSettings, verify: VerifySettings, baseline, hardware: Hardware,
+                 measure, progress, clock: Clock, *, key: str, context: dict) -> Choice:
     """Steps 2 and 3: measure every candidate on the validation split, then pick."""
-    regression = load_set(settings.regression_set)
+    regression = load_set(verify.regression_set)
     examples = [regression.examples[i] for i in regression.validation()]
     index = {label: i for i, label in enumerate(baseline.labels)}
     texts = [example.text for example in examples]
     truth = [index.get(example.label) if example.label else None for example in examples]
-    thresholds = thresholds_from(settings)
+    thresholds = thresholds_from(verify)
     evidence = []
-    for recipe in candidates(hardware, hide_native_bf16=settings.hide_native_bf16):
-        log.info("auto: measuring %s on %d validation inputs", recipe, len(texts))
+    for name in candidates(hardware, hide_native_bf16=recipe.hide_native_bf16):
+        log.info("auto: measuring %s on %d validation inputs", name, len(texts))
         if progress is not None:
-            progress(f"auto: measuring {recipe}", None)
+            progress(f"auto: measuring {name}", None)
         start = clock.monotonic()
         passed = [e for e in evidence if e.passed]
         best = max(passed, key=lambda e: e.speedup) if passed else None
         try:
-            found = measure(baseline, recipe, texts, thresholds, truth=truth, progress=progress,
+            found = measure(baseline, name, texts, thresholds, truth=truth, progress=progress,
                             beaten_by=(best.recipe, best.speedup) if best else None)
         except Exception as exc:  # a candidate that cannot run here is a failed candidate
-            log.warning("auto: %s failed: %s", recipe, exc)
-            found = Evidence.failed(recipe, exc, clock.monotonic() - start)
+            log.warning("auto: %s failed: %s", name, exc)
+            found = Evidence.failed(name, exc, clock.monotonic() - start)
         _log_evidence(found, progress)
         evidence.append(found)
-    return _pick(tuple(evidence), hardware, settings.hide_native_bf16, key=key, context=context,
+    return _pick(tuple(evidence), hardware, recipe.hide_native_bf16, key=key, context=context,
                  at=clock.time())
 
 

@@ -47,8 +47,9 @@ def key_parts(variant, recipe: str, weights: str, calibration_digest: str | None
         settings = variant.settings
         parts.update(
             weight_type=weight_type_for(read_cpu_flags()), set=calibration_digest,
-            target=settings.int8_target_agreement, min_margin=settings.verify_min_margin,
-            labels=list(variant.labels), template=settings.label_template,
+            target=settings.recipe.int8_target_agreement,
+            min_margin=settings.verify.verify_min_margin,
+            labels=list(variant.labels), template=settings.model.label_template,
             max_tokens=variant.max_tokens,
         )
     return parts
@@ -66,11 +67,11 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
     threads = torch.get_num_threads()  # what the process gave torch: the replica's share
     calibration = None
     if recipe == "onnx-int8":
-        regression = load_set(settings.regression_set)  # texts only: labels play no part
+        regression = load_set(settings.verify.regression_set)  # texts only: labels play no part
         calibration = ([regression.examples[i].text for i in regression.calibration()],
                        regression.digest)
     parts = key_parts(variant, recipe, weights, calibration[1] if calibration else None)
-    root = artifact_root(settings.onnx_dir)
+    root = artifact_root(settings.recipe.onnx_dir)
 
     def make(work: Path) -> tuple[dict, dict]:
         say(f"exporting {source.name} to ONNX")
@@ -82,7 +83,7 @@ def build(variant, recipe: str, source: Path, weights: str, progress=None
         texts, _ = calibration
         say("measuring each node's int8 sensitivity")
         found = search(fp32, work, weight_type=parts["weight_type"],
-                       target=settings.int8_target_agreement,
+                       target=settings.recipe.int8_target_agreement,
                        known=_torch_sensitivity(variant, fp32, texts),
                        **_judges(variant, texts, output, threads), progress=say)
         quantize(fp32, work / MODEL, weight_type=found["weight_type"], keep=found["kept"])
@@ -119,7 +120,7 @@ def judge(variant, texts: list[str]):
     from rollout.agreement import margins
 
     base = [margins(row) for row in variant.scores(variant.rows(texts)).tolist()]
-    min_margin = variant.settings.verify_min_margin
+    min_margin = variant.settings.verify.verify_min_margin
 
     def score(model) -> Score:
         rows = variant.rows(texts, model=model)
