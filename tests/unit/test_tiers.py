@@ -2,16 +2,20 @@
 refused Ray and any connection beyond the loopback (tests/unit/conftest.py). The fence is shown
 here in the test itself; both conftests also run in a pytest of their own over a small tree that
 holds copies of them and of pyproject.toml: a test of each tier, and the mistakes that stop a
-run."""
+run. And pyproject.toml's warning filters: a deprecation fails the run in the project's own
+modules, and is ignored in the listed dependencies'."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -71,6 +75,48 @@ def test_loopback_and_unix_sockets_are_not(tmp_path):
 ])
 def test_loopback_is_the_loopback_only(host, loopback):
     assert is_loopback(host) is loopback
+
+
+# --- the warning filters ----------------------------------------------------------------------
+
+
+def warning_filters() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return config["tool"]["pytest"]["ini_options"]["filterwarnings"]
+
+
+def apply(line: str) -> None:
+    """One `action:message:category:module` line as pytest applies an ini line (regexes, the
+    last line applied first)."""
+    action, message, category, module = (line.split(":") + [""] * 4)[:4]
+    warnings.filterwarnings(action, message, getattr(builtins, category or "Warning"), module)
+
+
+@pytest.mark.parametrize(("module", "fails"), [
+    ("rollout", True), ("rollout.ramp.controller", True), ("serve.gateway.deployment", True),
+    ("ops.cli.kill", True), ("tests.unit.test_tiers", True),
+    ("ray.serve._private.config", False), ("pydantic._internal._fields", False),
+    ("torch.jit._script", False), ("torchao.quantization", False), ("websockets.legacy", False),
+    ("a_new_dependency.module", True),  # an unlisted dependency's deprecation fails too
+])
+def test_deprecations_fail_in_our_modules_and_in_no_listed_dependency(module, fails):
+    for category in (DeprecationWarning, PendingDeprecationWarning):
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.resetwarnings()
+            for line in warning_filters():
+                apply(line)
+            if fails:
+                with pytest.raises(category):
+                    warnings.warn_explicit("old", category, "m.py", 1, module=module, registry={})
+            else:
+                warnings.warn_explicit("old", category, "m.py", 1, module=module, registry={})
+                assert shown == []
+
+
+def test_both_deprecation_categories_ignore_the_same_modules():
+    ignored = {line.split(":")[2]: line.split(":")[3] for line in warning_filters()
+               if line.startswith("ignore::") and "Deprecation" in line}
+    assert ignored["DeprecationWarning"] == ignored["PendingDeprecationWarning"]
 
 
 # --- the two conftests in a pytest of their own ------------------------------------------------
