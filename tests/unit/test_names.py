@@ -2,9 +2,9 @@
 is used for two different things in rollout/, serve/ and ops/.
 
 A name is reused only for one concept in two layers (its logic in rollout/, its adapter in
-serve/ or its command in ops/) or one role in two wings; those names are listed below and, in
-the same words, in the "Same concept, two layers" section of docs/layout.md, which is parsed here
-so that the two lists cannot drift.
+serve/ or its command in ops/, its settings group in rollout/settings/) or one role in two
+wings; those names are listed below and, in the same words, in the "Same concept, two layers"
+section of docs/layout.md, which is parsed here so that the two lists cannot drift.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ PACKAGES = ("rollout", "serve", "ops")
 SECTION = "## Same concept, two layers"
 
 SAME_CONCEPT = {
+    "admission": {"rollout/settings/admission.py", "serve/gateway/admission.py"},
+    "batching": {"rollout/settings/batching.py", "serve/common/batching.py"},
     "checks": {"rollout/ramp/checks.py", "serve/control_plane/checks.py"},
     "command": {"ops/drill/command.py", "ops/verify/command.py"},
     "control": {"rollout/control.py", "rollout/ramp/control.py"},
@@ -25,14 +27,20 @@ SAME_CONCEPT = {
     "errors": {"rollout/errors.py", "serve/common/errors.py", "serve/dashboard/errors.py",
                "ops/cli/errors.py"},
     "flips": {"rollout/flips.py", "ops/cli/flips.py"},
-    "ramp": {"rollout/ramp/", "serve/dashboard/ramp.py", "ops/cli/ramp.py"},
+    "ramp": {"rollout/ramp/", "rollout/settings/ramp.py", "serve/dashboard/ramp.py",
+             "ops/cli/ramp.py"},
+    "recipes": {"rollout/settings/recipes.py", "serve/recipes/"},
     "redis_store": {"rollout/redis_store.py", "rollout/ramp/redis_store.py",
                     "rollout/telemetry/redis_store.py"},
     "report": {"ops/bench/report.py", "ops/verify/report.py"},
-    "shadow": {"rollout/shadow.py", "serve/gateway/shadow.py"},
+    "shadow": {"rollout/shadow.py", "rollout/settings/shadow.py", "serve/gateway/shadow.py"},
     "slices": {"rollout/slices.py", "ops/cli/slices.py"},
+    "state": {"rollout/state.py", "rollout/settings/state.py"},
     "store": {"rollout/store.py", "rollout/ramp/store.py"},
-    "telemetry": {"rollout/telemetry/", "serve/telemetry/", "ops/cli/telemetry.py"},
+    "telemetry": {"rollout/telemetry/", "rollout/settings/telemetry.py", "serve/telemetry/",
+                  "ops/cli/telemetry.py"},
+    "verify": {"rollout/settings/verify.py", "ops/verify/"},
+    "webhooks": {"rollout/settings/webhooks.py", "serve/control_plane/webhooks.py"},
 }
 
 
