@@ -1,2 +1,2 @@
 """`auto`: the recipe picked by measurement (`choose.py`) and the measurement itself
-(`measure.py`)."""
+(`trial.py`)."""
