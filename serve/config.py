@@ -17,7 +17,12 @@ was started with; each gateway replica then warns at start of what is missing
 
 from __future__ import annotations
 
+import functools
+import hashlib
+from pathlib import Path
+
 import ray
+from pydantic import SecretStr
 from ray.serve import Application
 
 from rollout.settings import Settings
@@ -66,12 +71,37 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
         max_ongoing_requests=settings.model_max_ongoing_requests,
         max_queued_requests=settings.model_max_queued_requests,
     )
-    arms = {arm: model.options(name=arm, user_config=arms_config[arm]).bind(settings, arm)
-            for arm in ARMS}
+    # a version of its own (Serve's `version` is internal API): see `model_version`
+    arms = {arm: model.options(name=arm, user_config=arms_config[arm],
+                               version=model_version(settings, arm), _internal=True)
+            .bind(settings, arm) for arm in ARMS}
     return Gateway.options(
         ray_actor_options={"num_cpus": settings.gateway_num_cpus},
         max_ongoing_requests=settings.gateway_max_ongoing_requests,
     ).bind(arms["baseline"], arms["optimized"], settings, ramp_controller=controller)
+
+
+def model_version(settings: Settings, arm: str) -> str:
+    """What an arm's model replicas are built from: the code and the settings they are bound
+    with. Serve restarts a deployment's replicas when its version changes and only reconfigures
+    them (`user_config`: batching, fault injection) when it does not. Left to Serve, every
+    `serve.run` of the app gives each deployment a random version, so a redeploy that changes
+    live settings alone reloaded both models."""
+    values = sorted((name, value.get_secret_value() if isinstance(value, SecretStr) else value)
+                    for name, value in settings)  # a secret's value too, not its mask
+    key = hashlib.sha256(f"{_code_digest()}\0{arm}\0{values!r}".encode())
+    return key.hexdigest()[:16]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """SHA-256 over the project's code (rollout/ and serve/, names and bytes): new code is a
+    new version, whatever the settings."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted([*(root / "rollout").rglob("*.py"), *(root / "serve").rglob("*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def app(args: dict[str, str]) -> Application:

@@ -401,6 +401,25 @@ def _threads_become(expected: dict[str, int], timeout: float = 15.0) -> dict[str
     return found
 
 
+def _pid(arm: str) -> int:
+    from ray import serve
+
+    return serve.get_deployment_handle(arm, app_name="canary").info.remote().result()["pid"]
+
+
+def test_a_redeploy_of_live_settings_alone_reconfigures_the_models_in_place(gw):
+    """A fault switched on and off again is a reconfiguration of the running model replicas (no
+    model reloaded); a changed setting they are built with replaces them."""
+    pids = {arm: _pid(arm) for arm in ("baseline", "optimized")}
+    gw.redeploy({"baseline": {"fault_error": True}})
+    assert gw.predict(["the fault is on"]).status_code == 503
+    gw.redeploy({})
+    assert gw.predict(["a"]).status_code == 200
+    assert {arm: _pid(arm) for arm in pids} == pids
+    gw.redeploy({}, max_batch_tokens=gw.settings.max_batch_tokens + 1)
+    assert not {_pid(arm) for arm in pids} & set(pids.values())
+
+
 def test_model_threads_follow_the_share_and_the_kill_switch(gw):
     """serve.replica.thread_share in the real app: each model replica watches the rollout state."""
     import os

@@ -111,6 +111,23 @@ def test_the_remote_topology_binds_a_model_deployment_per_arm():
     assert deployments["gateway"].user_config is None
 
 
+def test_a_model_deployment_keeps_its_version_unless_its_code_or_settings_change():
+    """Serve reloads a model only on a new version: live settings alone reconfigure it."""
+    from serve.config import build
+
+    def versions(settings, live=None):
+        deployments = _deployments(build(settings, live))
+        return {arm: deployments[arm].version for arm in ("baseline", "optimized")}
+
+    settings = Settings(topology="remote")
+    first = versions(settings)
+    assert first == versions(Settings(topology="remote"), {"optimized": {"fault_error": True}})
+    assert first["baseline"] != first["optimized"]
+    for changed in ({"torch_threads": 3}, {"webhook_secret": "s" * 32}):
+        assert not set(versions(settings.model_copy(update=changed)).values()) & set(
+            first.values()), changed
+
+
 def test_the_colocated_topology_puts_both_arms_in_the_gateway_with_their_cpus():
     from serve.config import build
 
