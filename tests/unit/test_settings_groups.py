@@ -171,6 +171,8 @@ def test_autos_key_is_the_same_from_the_groups_as_from_the_whole_settings(tmp_pa
 WHOLE_SETTINGS_PACKAGES = {"ops/": "operator commands: each loads Settings where it starts"}
 WHOLE_SETTINGS = {
     "serve/config.py:build": "the application's composition root (`serve run serve.config:app`)",
+    "serve/config.py:model_version": "hashes what a model replica is built with: the whole "
+    "settings its composition root (ModelServer.__init__) is bound with",
     "serve/gateway/deployment.py:Gateway.__init__": "a gateway replica's composition root: Ray "
     "builds it from what build() binds, and it hands each component its groups",
     "serve/replica/model_server.py:ModelServer.__init__": "a model replica's composition root (as "
