@@ -3,12 +3,11 @@ the doors it serves them through.
 
 Every prediction route hands its request to the gateway's `serve_door(request, door)`, the
 one request path `POST /v1/predict` takes too; the other routes describe the served model.
-The gateway provides `serve_door`, `doors`, `settings` and `handles`.
+The gateway provides `serve_door`, `doors`, `settings` and `arms`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,11 +109,7 @@ class ProtocolRoutes:
 
     async def baseline_ready(self) -> bool:
         """Whether the baseline model answers (readiness, over REST and gRPC)."""
-        try:
-            await asyncio.wait_for(self.handles[Arm.BASELINE].info.remote(), timeout=2.0)
-            return True
-        except Exception:
-            return False
+        return await self.arms.ping(Arm.BASELINE)
 
     @staticmethod
     def _refused(door: FrontDoor, request: Request, exc: GatewayError) -> Response:
