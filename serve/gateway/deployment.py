@@ -143,8 +143,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         (serve.gateway.colocated)."""
         self.settings = settings
         self.ramp_controller = ramp_controller  # bound here so the application includes it
-        await self._open_arms(baseline, optimized, settings)
-        infos = await asyncio.gather(*(self.handles[arm].info.remote() for arm in Arm))
+        handles = await self._open_arms(baseline, optimized, settings)
+        infos = await asyncio.gather(*(handles[arm].info.remote() for arm in Arm))
         check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
         self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
         self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
@@ -161,7 +161,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         self._lag_task = asyncio.get_running_loop().create_task(self.admission.loop.run())
         # serve.gateway.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, settings, self.admission, self._shed_at_the_door)
-        self.arms = Arms(self.handles, settings, settings, self.admission, self.shed_summary,
+        self.arms = Arms(handles, settings, settings, self.admission, self.shed_summary,
                          local=self.local is not None)
         self.shadow = Shadow(settings, self.arms.remote, self.telemetry)
         # store-stale / store-recovered webhooks, sent by this replica (serve.control_plane.notify)
@@ -183,8 +183,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
             "state": dict(self.watcher.view().errors), "idempotency": self.idempotency.skipped})
 
     async def _open_arms(self, baseline: DeploymentHandle | None,
-                         optimized: DeploymentHandle | None, settings: Settings) -> None:
-        """`handles`: the arms' deployments (the remote topology), or both models loaded in
+                         optimized: DeploymentHandle | None, settings: Settings) -> dict:
+        """Per arm, its deployment's handle (the remote topology), or the model loaded in
         this replica (`local`: the colocated topology, serve.gateway.colocated) when none is
         bound."""
         self.local = None
@@ -194,7 +194,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
             baseline, optimized = self.local["baseline"], self.local["optimized"]
         else:
             baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
-        self.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+        return {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
 
     def _open_telemetry(self, state: StateSettings, settings: TelemetrySettings) -> None:
         """Traces, metrics and logs (serve.telemetry), and this replica's own metrics port,

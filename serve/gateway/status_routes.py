@@ -7,7 +7,7 @@ as the dashboard's routes are:
     GET /healthz, /readyz    liveness, and readiness (the baseline model answers)
 
 The gateway class provides `watcher`, `serving`, `models`, `topology`, `idempotency`,
-`admission`, `telemetry`, `targets`, `handles` and `arms`.
+`admission`, `telemetry`, `targets` and `arms`.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ class StatusRoutes:
                                           "baseline model does not answer"}, **openapi_errors()})
     async def readyz(self) -> JSONResponse:
         view = self.watcher.view()
-        checks = await asyncio.gather(*(self.arms.ping(arm) for arm in self.handles))
-        models = dict(zip((arm.value for arm in self.handles), checks, strict=True))
+        arms = list(self.arms.handles)
+        checks = await asyncio.gather(*(self.arms.ping(arm) for arm in arms))
+        models = dict(zip((arm.value for arm in arms), checks, strict=True))
         ready = models[Arm.BASELINE.value]
         body = {
             "ready": ready,
