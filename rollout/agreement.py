@@ -255,7 +255,8 @@ def summarize(pairs: list[Pair], *, confidence: float = 0.95,
         cell[0] += 1
         cell[1] += p.agrees
     buckets = [Bucket(bucket_label(i, edges), c[0], c[1]) for i, c in enumerate(counts)]
-    cosines = [p.cosine for p in pairs if p.cosine is not None]
+    # cosines of unit vectors held to [-1, 1]: a dot product rounds past them by an ulp
+    cosines = [max(-1.0, min(1.0, p.cosine)) for p in pairs if p.cosine is not None]
     cosine = None
     if cosines:
         cosine = CosineStats(sum(cosines) / len(cosines), percentile(cosines, 1), min(cosines))

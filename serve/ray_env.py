@@ -18,8 +18,10 @@ Serve's defaults.
   away keeps accepting requests (see `RAY_ENV`).
 - `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.gateway.ingress:middlewares`: Serve's HTTP proxy
   callback, which wraps every HTTP request in serve.gateway.ingress (slow bodies, request ids).
-- `OMP_WAIT_POLICY=PASSIVE`: not Ray's but OpenMP's, read by every worker's torch: idle
-  threads sleep rather than spin (see `RAY_ENV`).
+- `OMP_WAIT_POLICY=PASSIVE` and `GOMP_SPINCOUNT=20000`: not Ray's but OpenMP's, read by every
+  worker's OpenMP runtime: a thread that finished its part of a parallel region spins briefly
+  (GNU libgomp, which torch's CPU build uses: about a fifth of a millisecond), then sleeps;
+  other OpenMP runtimes sleep at once (see `RAY_ENV`).
 
 Together, on the 2-core reference machine, they cut the gateway replica's CPU per request from
 6.6-6.8 ms to 3.9-4.5 ms and take the proxy's ~4 ms off the path (docs/benchmarks-history.md).
@@ -67,6 +69,13 @@ RAY_ENV = {
     # reference machine, at twice capacity, goodput fell to 15 req/s with spinning and was
     # 111 req/s with this (python -m ops.drill overload, docs/benchmarks-history.md).
     "OMP_WAIT_POLICY": "PASSIVE",
+    # ...except for a short spin in GNU libgomp (torch's), which takes precedence over the
+    # policy there: a small model's forward is hundreds of parallel regions microseconds
+    # apart, and a thread asleep at each one is woken through a futex every time. 20,000 spins
+    # are about 0.2 ms, so a thread still sleeps between forwards. On the 2-core machine
+    # (fp32 all-MiniLM-L6-v2, 2 threads, short texts) a forward of 1 / 8 / 16 texts took
+    # 13.0 / 23.8 / 34.8 ms asleep and 6.2 / 14.5 / 26.5 ms with this (docs/benchmarks.md).
+    "GOMP_SPINCOUNT": "20000",
 }
 
 
@@ -86,6 +95,9 @@ COSTS = {
     "OMP_WAIT_POLICY": "Idle OpenMP threads in the model replicas spin, taking cores from the "
     "gateway, HAProxy and the other arm: at twice capacity on the 2-core reference machine, "
     "goodput fell to 15 req/s, against 111 req/s with PASSIVE",
+    "GOMP_SPINCOUNT": "torch's OpenMP threads sleep at every parallel region of a forward and "
+    "are woken through the kernel each time: on the 2-core reference machine a forward of one "
+    "short text took 13.0 ms instead of 6.2",
 }
 
 # HAProxy's own pages, on all interfaces at fixed ports (Ray's defaults: 9101 and 8404)

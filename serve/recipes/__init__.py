@@ -43,11 +43,19 @@ class Recipe:
     devices: tuple[str, ...] = ("cpu", "cuda")
     runtime: bool = False  # an artifact served by an inference runtime, not a torch model
     needs_plan: bool = False  # built from a per-layer plan (accuracy-aware)
+    # few distinct input shapes wanted (compilation, CUDA graphs); runtimes want them too
+    fixed_shapes: bool = False
 
     @property
     def build(self) -> Callable[..., Any]:
         module, function = self.builder.split(":")
         return getattr(import_module(module), function)
+
+    def exact_shapes(self, device: str) -> bool:
+        """Whether its inputs are padded to a chunk's longest row only (serve.common.batching):
+        eager torch on the CPU takes any shape at no cost; a runtime prepares kernels per
+        shape, compilation and CUDA graphs want few shapes."""
+        return device == "cpu" and not self.runtime and not self.fixed_shapes
 
     def check_device(self, device: str) -> None:
         """ValueError unless this recipe runs on `device`."""
@@ -66,10 +74,11 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("int8-torchao", _eager("int8_torchao")),
     Recipe("fp16", _eager("fp16")),
     Recipe("bf16", _eager("bf16")),
-    Recipe("compiled", _eager("compiled")),
+    Recipe("compiled", _eager("compiled"), fixed_shapes=True),
     Recipe("accuracy-aware", "serve.recipes.accuracy_aware:build", devices=("cpu",),
            needs_plan=True),
-    Recipe("fp16-graphs", "serve.recipes.fp16_graphs:build", devices=("cuda",)),
+    Recipe("fp16-graphs", "serve.recipes.fp16_graphs:build", devices=("cuda",),
+           fixed_shapes=True),
     Recipe("onnx-fp32", "serve.recipes.onnx.build:build_recipe", devices=("cpu",), runtime=True),
     Recipe("onnx-int8", "serve.recipes.onnx.build:build_recipe", devices=("cpu",), runtime=True),
     Recipe("ct2-int8", "serve.recipes.ct2_int8:build_recipe", devices=("cpu",), runtime=True),

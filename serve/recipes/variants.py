@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
 from rollout.settings import BatchingSettings, ModelSettings, RecipeSettings, VerifySettings
-from serve.common.batching import PAD_WIDTHS, padded_width, run_budgeted
+from serve.common.batching import PAD_WIDTHS, exact_width, padded_width, run_budgeted
 from serve.recipes import recipe as recipe_named
 from serve.recipes import recipe_for, resolve_device
 from serve.recipes.source import (
@@ -84,6 +84,7 @@ class Variant:
         self.device = resolve_device(model_settings)
         self.recipe = recipe or recipe_for(arm, model_settings, self.device)
         self.split_tokens = SPLIT_TOKENS[self.device]
+        self.pad_width = padded_width  # until the recipe is known (serve.common.batching)
         weights = weights_digest(path)
         self.tokenizer, self.max_tokens, self.tokenizer_digest = load_tokenizer(
             model_settings, path)
@@ -105,6 +106,8 @@ class Variant:
             self.recipe = self.choice.recipe
         built = self.build(self.recipe, progress)
         self.model, self.plan = built.model, built.plan
+        if recipe_named(self.recipe).exact_shapes(self.device):
+            self.pad_width = exact_width
         self.decision = built.decision
         self.version = variant_version(weights, self.recipe, self.plan, built.decision)
 
@@ -177,10 +180,11 @@ class Variant:
         return Encoded(encode_ids(self.tokenizer, texts, self.max_tokens))
 
     def _collate(self, rows: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows padded to their bucketed width (serve.common.batching.padded_width), built in one
-        tensor each for ids and mask (no per-row tensors), then moved to the device once."""
+        """Rows padded to the width this variant's recipe wants (`pad_width`: bucketed, or the
+        longest row's; serve.common.batching), built in one tensor each for ids and mask (no
+        per-row tensors), then moved to the device once."""
         lengths = [len(row) for row in rows]
-        width = min(padded_width(max(lengths)), self.max_tokens)
+        width = min(self.pad_width(max(lengths)), self.max_tokens)
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.tensor([[*row, *([pad] * (width - len(row)))] for row in rows],
                            dtype=torch.long)
@@ -217,7 +221,8 @@ class Variant:
         forward (serve.common.batching.run_budgeted, with this variant's `split_tokens`)."""
         [rows] = run_budgeted([self.encode(texts).ids],
                               lambda batch: self.forward_rows(batch, model),
-                              self.settings.batching.max_batch_tokens, self.split_tokens)
+                              self.settings.batching.max_batch_tokens, self.split_tokens,
+                              width_of=self.pad_width)
         if isinstance(rows, Exception):
             raise rows
         return rows

@@ -2,8 +2,9 @@
 
 Path of one request inside a replica: tokenize on the replica's event loop (fast, Rust) ->
 queue into `@serve.batch`, which merges up to `max_batch_size` requests or waits at most
-`batch_wait_ms` -> one forward of the merged, padded batch in a worker thread (so tokenizing the
-next requests overlaps the forward) -> postprocess back on the event loop. Every response says
+`batch_wait_ms` -> one forward of the merged, padded batch, then each request's postprocessing,
+on the process's compute thread (serve.replica.compute; tokenizing the next requests on the event
+loop overlaps it) -> the answer back on the event loop. Every response says
 how long each stage took, how large its batch was and how many requests were queued ahead of it
 (`queue`: requests waiting in this replica for a batch when it joined). Given the caller's trace
 carrier, the replica records its spans into that trace afterwards (serve.telemetry.tracing).
@@ -18,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,8 @@ from serve.common.batching import Expired, RowsDidNotFit, run_budgeted
 from serve.recipes.auto.choose import describe
 from serve.recipes.source import Encoded
 from serve.recipes.variants import Variant, VariantSettings
+from serve.replica import compute
+from serve.replica.compute import ensure_threads
 from serve.replica.cputime import ForwardClock, burn_cpu, shares
 from serve.replica.faults import Faults
 from serve.replica.memory_trim import Trimmer, release_free_memory
@@ -44,6 +47,7 @@ class _Queued:
     encoded: Encoded
     enqueued: float
     server: ModelServer
+    task: str = "classify"
     deadline: float | None = None  # this process' time.monotonic(); past it, nobody waits
     waiting: bool = True
 
@@ -66,6 +70,9 @@ class _Forwarded:
     forward_start: float
     forward_end: float
     cpu_s: float | None = None  # its share of the batch's forward seconds (serve.replica.cputime)
+    outputs: list[dict] | Exception | None = None  # postprocessed on the compute thread
+    post_start: float = 0.0
+    post_end: float = 0.0
 
 
 def _carried(exc: BaseException) -> Exception:
@@ -111,29 +118,23 @@ class ModelServer:
         """The replica's composition root: `settings` holds every group (rollout.settings),
         and each component is handed the groups its signature names."""
         share = settings.threads_per_model()
-        torch.set_num_threads(startup_threads(settings))
         self.arm = arm
-        self.variant = Variant(VariantSettings(settings, settings, settings, settings), arm,
-                               progress=startup_log(arm))
-        if self.variant.choice is not None:
-            startup_log(arm)(describe(self.variant.choice), None)
-        torch.set_num_threads(share)
-        if (resize := getattr(self.variant.model, "resize", None)) is not None:
-            resize(share)
+        # built on the process's compute thread, where its forwards run (serve.replica.compute)
+        self.variant = compute.run(
+            self._build, VariantSettings(settings, settings, settings, settings),
+            startup_threads(settings), share)
+        self.threads = share
         self.max_batch_size, self.batch_wait_ms = settings.max_batch_size, settings.batch_wait_ms
         self.max_batch_tokens = settings.max_batch_tokens
         self.faults = Faults()  # none until `reconfigure` sets some (serve.replica.faults)
         self.forward_clock = ForwardClock(self.variant.device)
-        self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{arm}-forward")
-        # torch's count is the calling thread's: set where the forwards run, so two arms in
-        # one process (serve.gateway.colocated) each keep their own
-        self._forward_pool.submit(torch.set_num_threads, share)
+        self._compute = compute.executor()
         self.waiting = 0  # requests queued for a batch in this replica
         # `@serve.batch` on the method would keep one queue per class in a process: two arms
         # in one process (serve.gateway.colocated) would share their batches. One queue per server.
         self._batched = serve.batch(max_batch_size=16,
                                     batch_wait_timeout_s=0.005)(self._forward_batch)
-        self._forwarding = 0  # batches in the forward thread
+        self._forwarding = 0  # batches on the compute thread
         self._forward_started = 0.0  # perf_counter when the running forward started
         self._forward_estimate_s = 0.0  # how long it probably takes
         self._s_per_token = 0.0  # seconds per token of the last forward
@@ -143,7 +144,6 @@ class ModelServer:
         self.trimmer = Trimmer()
         self.telemetry = Telemetry(settings, settings, "canary-model")
         self.reconfigure({})
-        self.threads = torch.get_num_threads()
         self.compute = None
         if settings.compute_follows_share and not settings.torch_threads:
             self.compute = ComputeFollower(
@@ -152,14 +152,25 @@ class ModelServer:
             )
             self.compute.start()
 
+    def _build(self, settings: VariantSettings, threads: int, share: int) -> Variant:
+        """The arm's variant, on the compute thread: built on `threads` (every core:
+        `startup_threads`), then left at the replica's `share`."""
+        ensure_threads(threads)
+        variant = Variant(settings, self.arm, progress=startup_log(self.arm))
+        if variant.choice is not None:
+            startup_log(self.arm)(describe(variant.choice), None)
+        ensure_threads(share)
+        if (resize := getattr(variant.model, "resize", None)) is not None:
+            resize(share)
+        return variant
+
     def _threads_wanted(self, threads: int) -> None:
-        """serve.replica.thread_share asks for another thread count: applied in the forward thread,
-        between batches (torch's count is per thread; a runtime session is rebuilt with it
-        there)."""
-        self._forward_pool.submit(self._set_threads, threads)
+        """serve.replica.thread_share asks for another thread count: applied on the compute
+        thread, between batches (a runtime session is rebuilt with it there; torch's count is set
+        before each of this arm's batches, as another arm may share the thread)."""
+        self._compute.submit(self._set_threads, threads)
 
     def _set_threads(self, threads: int) -> None:
-        torch.set_num_threads(threads)
         resize = getattr(self.variant.model, "resize", None)
         if resize is not None:
             resize(threads)
@@ -246,14 +257,16 @@ class ModelServer:
         try:
             encoded = self._encode_in_time(texts, deadline)
             marks.queued = time.perf_counter()
-            forwarded = await self._ride_batch(_Queued(encoded, marks.queued, self, deadline))
+            forwarded = await self._ride_batch(
+                _Queued(encoded, marks.queued, self, task, deadline))
             marks.batch_start, marks.forward_start, marks.forward_end = (
                 forwarded.batch_start, forwarded.forward_start, forwarded.forward_end)
             if isinstance(forwarded.rows, (RowsDidNotFit, Expired)):
                 raise forwarded.rows
-            marks.post_start = time.perf_counter()
-            outputs = self._postprocess(task, forwarded.rows, encoded)
-            marks.done = time.perf_counter()
+            if isinstance(forwarded.outputs, Exception):
+                raise forwarded.outputs
+            marks.post_start, marks.done = forwarded.post_start, forwarded.post_end
+            outputs = forwarded.outputs
         except BaseException as exc:
             if clock is not None:
                 self._spans(trace, clock, marks, texts, task, queue_length, forwarded, exc)
@@ -284,6 +297,31 @@ class ModelServer:
     def _postprocess(self, task: str, rows, encoded: Encoded | None = None) -> list[dict]:
         outputs = self.variant.postprocess(task, rows)
         return self.faults.postprocess(task, outputs, encoded, self.variant.tokenizer)
+
+    def _computed(self, queued: list[_Queued], expired: Callable[[int], bool]):
+        """A merged batch's work on the compute thread (serve.replica.compute): its forwards
+        under the token budget, timed, then each answered request's postprocessing (label
+        scores are a matmul: off the compute thread it would start a second OpenMP team).
+        Returns the rows per request, the forwards' seconds, when they ended, and per request
+        its outputs (or the exception that fails it alone) with when its postprocessing started
+        and ended."""
+        ensure_threads(self.threads)
+        rows, forward_cpu_s = self.forward_clock.timed(
+            run_budgeted, [item.encoded.ids for item in queued], self._forward,
+            self.max_batch_tokens, self.variant.split_tokens, expired, self.variant.pad_width)
+        forward_end = time.perf_counter()
+        posts = []
+        for item, row in zip(queued, rows, strict=True):
+            start = time.perf_counter()
+            if isinstance(row, Exception):
+                posts.append((None, start, start))
+                continue
+            try:
+                outputs = self._postprocess(item.task, row, item.encoded)
+            except Exception as exc:  # this request's own failure (a task the model lacks)
+                outputs = exc
+            posts.append((outputs, start, time.perf_counter()))
+        return rows, forward_cpu_s, forward_end, posts
 
     def _answer(self, outputs: list[dict], encoded: Encoded, forwarded: _Forwarded,
                 marks: Marks, queue_length: int) -> ModelAnswer:
@@ -323,7 +361,7 @@ class ModelServer:
                            queue_length=queue_length, batch=batch, error=error)
 
     async def _forward_batch(self, queued: list[_Queued]) -> list[_Forwarded]:
-        """A batch `_batched` merged, forwarded in the forward thread under the token budget."""
+        """A batch `_batched` merged, forwarded on the compute thread under the token budget."""
         started = time.perf_counter()
         for item in queued:
             item.leave()
@@ -350,27 +388,23 @@ class ModelServer:
             return deadlines[request] is not None and end >= deadlines[request]
 
         try:
-            rows, forward_cpu_s = await loop.run_in_executor(
-                self._forward_pool, self.forward_clock.timed, run_budgeted,
-                [item.ids for item in batch], self._forward, self.max_batch_tokens,
-                self.variant.split_tokens, expired,
-            )
+            rows, forward_cpu_s, forward_end, posts = await loop.run_in_executor(
+                self._compute, self._computed, queued, expired)
         finally:
             self._forwarding -= 1
         self.expired += sum(isinstance(r, Expired) for r in rows)
         self.trimmer.forwarded(tokens)
         if self.waiting == 0 and self.trimmer.due():  # idle after a burst
             self.trimmer.done()
-            self._forward_pool.submit(release_free_memory)
-        forward_end = time.perf_counter()
+            self._compute.submit(release_free_memory)
         self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
         cpu = shares(forward_cpu_s, [len(item.ids) for item in batch], rows)
         return [
             _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items, batch_id,
-                       started, forward_start, forward_end, cpu_s)
-            for r, item, cpu_s in zip(rows, queued, cpu, strict=True)
+                       started, forward_start, forward_end, cpu_s, *post)
+            for r, item, cpu_s, post in zip(rows, queued, cpu, posts, strict=True)
         ]
 
     def __del__(self):

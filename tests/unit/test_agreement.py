@@ -223,3 +223,13 @@ def test_the_mixing_prior_is_centred_on_the_threshold():
     assert cs_prior(1.0) == (50.0, 0.5) and cs_prior(0.0) == (0.5, 50.0)
     with pytest.raises(ValueError):
         cs_prior(0.5, weight=0)
+
+
+def test_cosines_rounded_past_the_unit_interval_count_as_its_edges():
+    """A dot product of unit vectors, one negated (an arm that flips every embedding), rounds
+    to a hair below -1: a gate of `cosine p1 >= -1` must not fail on that ulp."""
+    pairs = [Pair(0, 0, 0.2, 0.19, cosine=-1.0000001, index=i) for i in range(50)]
+    pairs.append(Pair(0, 0, 0.2, 0.19, cosine=1.0000001, index=50))
+    stats = summarize(pairs).cosine
+    assert stats.p1 == stats.min == -1.0
+    assert -1.0 <= stats.mean < -0.9

@@ -154,3 +154,25 @@ def test_a_request_expired_before_the_first_chunk_costs_no_forward():
                            expired=lambda r: r == 0)
     assert isinstance(answers[0], Expired) and answers[1][:, 1].tolist() == [2]
     assert calls == [4]  # one forward, of request 1's row alone
+
+
+def test_exact_widths_pad_a_chunk_to_its_longest_row_and_the_budget_counts_that():
+    from serve.common.batching import exact_width, pack
+
+    rows = [Row(0, i, [1] * 12) for i in range(4)]
+    # bucketed, 12 tokens cost 16 each: 4 x 16 = 64 > 60 splits; exactly 4 x 12 = 48 fits
+    assert [len(c) for c in pack(rows, 60)] == [3, 1]
+    assert [len(c) for c in pack(rows, 60, width_of=exact_width)] == [4]
+    seen = []
+    run_budgeted([[[1] * 12, [1] * 9]], lambda batch: seen.append(batch) or
+                 torch.zeros(len(batch), 2), 64, width_of=exact_width)
+    assert [[len(r) for r in b] for b in seen] == [[9, 12]]
+
+
+def test_eager_cpu_recipes_take_exact_widths_and_the_rest_bucketed_ones():
+    from serve.recipes import RECIPES
+
+    exact = {name for name, spec in RECIPES.items() if spec.exact_shapes("cpu")}
+    assert {"fp32", "bf16", "int8-dynamic", "accuracy-aware"} <= exact
+    assert not exact & {"compiled", "onnx-fp32", "onnx-int8", "ov-int8", "ct2-int8"}
+    assert not any(spec.exact_shapes("cuda") for spec in RECIPES.values())

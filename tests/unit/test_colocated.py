@@ -2,11 +2,13 @@
 each topology (serve.config.build)."""
 
 import asyncio
+import threading
 
 import pytest
 
 from rollout import Settings
 from serve.gateway.colocated import LocalHandle, reconfigure
+from serve.replica import compute
 
 
 class FakeServer:
@@ -172,6 +174,38 @@ def two_servers(tmp_path_factory):
         server.reconfigure({"max_batch_size": 8, "batch_wait_ms": 20})
     yield servers
     patch.undo()
+
+
+@pytest.fixture
+def torch_threads_seen(monkeypatch):
+    """The threads on which the variants forward and postprocess (names, in call order),
+    from before the servers are built (a build forwards its label texts)."""
+    from serve.recipes.variants import Variant
+
+    seen: list[tuple[str, str]] = []
+    for name in ("forward_rows", "postprocess"):
+        original = getattr(Variant, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            seen.append((_name, threading.current_thread().name))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Variant, name, spy)
+    return seen
+
+
+def test_both_arms_build_forward_and_postprocess_on_the_one_compute_thread(
+        torch_threads_seen, two_servers):
+    """Every torch op of the process's models runs on one thread (serve.replica.compute): a
+    second thread's OpenMP team would slow every forward."""
+    built = len(torch_threads_seen)
+    assert built >= 2  # each arm's build forwarded its label texts
+    answers = _four_each_at_once(two_servers)
+    assert len(answers) == 8
+    calls = {name for name, _ in torch_threads_seen[built:]}
+    assert calls == {"forward_rows", "postprocess"}
+    assert {thread for _, thread in torch_threads_seen} == {compute.THREAD_NAME + "_0"}
+    assert threading.current_thread().name not in {t for _, t in torch_threads_seen}
 
 
 def _four_each_at_once(servers) -> list:

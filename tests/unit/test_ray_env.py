@@ -18,7 +18,7 @@ def test_defaults_fill_in_and_the_operators_values_win():
     assert got == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0",
                    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
                    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.gateway.ingress:middlewares",
-                   "OMP_WAIT_POLICY": "PASSIVE"}
+                   "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "20000"}
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
 
 
@@ -39,7 +39,8 @@ def test_exports_are_shell_lines_that_leave_the_callers_environment_alone():
                      "export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2",
                      "export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH="
                      "serve.gateway.ingress:middlewares",
-                     "export OMP_WAIT_POLICY=PASSIVE"]
+                     "export OMP_WAIT_POLICY=PASSIVE",
+                     "export GOMP_SPINCOUNT=20000"]
     assert env == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
     out = subprocess.run([sys.executable, "-m", "serve.ray_env"], capture_output=True, text=True,
                          check=True, env={"RAY_SERVE_ENABLE_HA_PROXY": "0"}).stdout
@@ -75,12 +76,14 @@ def test_missing_names_each_piece_of_the_serving_path_the_environment_lacks_and_
     assert ray_env.missing({**ray_env.RAY_ENV, "OMP_WAIT_POLICY": "passive"}) == []  # OpenMP's case
     env = {**ray_env.RAY_ENV, "RAY_SERVE_ENABLE_HA_PROXY": "0"}
     del env["OMP_WAIT_POLICY"]
+    env["GOMP_SPINCOUNT"] = "0"
     got = ray_env.missing(env)
-    assert [name for name, _ in got] == ["RAY_SERVE_ENABLE_HA_PROXY", "OMP_WAIT_POLICY"]
-    assert "~4 ms" in got[0][1] and "15 req/s" in got[1][1]
+    assert [name for name, _ in got] == ["RAY_SERVE_ENABLE_HA_PROXY", "OMP_WAIT_POLICY",
+                                         "GOMP_SPINCOUNT"]
+    assert "~4 ms" in got[0][1] and "15 req/s" in got[1][1] and "13.0 ms" in got[2][1]
     assert [name for name, _ in ray_env.missing({})] == [
         "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY",
-        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "OMP_WAIT_POLICY"]
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"]
     # the draining period only changes how long a replica going away drains
     assert ray_env.missing({**ray_env.RAY_ENV,
                             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "30"}) == []

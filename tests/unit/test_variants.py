@@ -164,3 +164,19 @@ def test_served_rows_are_packed_as_a_replica_packs_them(encoder_dir, monkeypatch
     assert len(widths) > 1  # 4 rows over a 64-token budget: more than one forward
     whole = variant.embed_batch([variant.encode(texts)])[0]
     assert torch.allclose(served, whole, atol=1e-5)
+
+
+def test_an_eager_cpu_variant_pads_to_the_longest_row_and_answers_as_bucketed(encoder_dir):
+    """Padding is masked out: rows padded to their longest (eager torch on the CPU) give the
+    embeddings that rows padded to the bucket give."""
+    from serve.common.batching import exact_width, padded_width
+
+    variant = Variant(groups(Settings(model_path=str(encoder_dir))), "baseline")
+    assert variant.pad_width is exact_width
+    rows = [[101, 7, 8, 9, 102], [101, 7, 102]]
+    ids, mask = variant._collate(rows)
+    assert ids.shape == (2, 5) and mask.sum().item() == 8
+    exact = variant.forward_rows(rows)
+    variant.pad_width = padded_width
+    assert variant._collate(rows)[0].shape == (2, 8)
+    assert torch.allclose(variant.forward_rows(rows), exact, atol=1e-5)
