@@ -128,7 +128,7 @@ class ModelServer:
         self.max_batch_tokens = settings.max_batch_tokens
         self.faults = Faults()  # none until `reconfigure` sets some (serve.replica.faults)
         self.forward_clock = ForwardClock(self.variant.device)
-        self._compute = compute.executor()
+        self._compute_thread = compute.executor()
         self.waiting = 0  # requests queued for a batch in this replica
         # `@serve.batch` on the method would keep one queue per class in a process: two arms
         # in one process (serve.gateway.colocated) would share their batches. One queue per server.
@@ -168,7 +168,7 @@ class ModelServer:
         """serve.replica.thread_share asks for another thread count: applied on the compute
         thread, between batches (a runtime session is rebuilt with it there; torch's count is set
         before each of this arm's batches, as another arm may share the thread)."""
-        self._compute.submit(self._set_threads, threads)
+        self._compute_thread.submit(self._set_threads, threads)
 
     def _set_threads(self, threads: int) -> None:
         resize = getattr(self.variant.model, "resize", None)
@@ -389,14 +389,14 @@ class ModelServer:
 
         try:
             rows, forward_cpu_s, forward_end, posts = await loop.run_in_executor(
-                self._compute, self._computed, queued, expired)
+                self._compute_thread, self._computed, queued, expired)
         finally:
             self._forwarding -= 1
         self.expired += sum(isinstance(r, Expired) for r in rows)
         self.trimmer.forwarded(tokens)
         if self.waiting == 0 and self.trimmer.due():  # idle after a burst
             self.trimmer.done()
-            self._compute.submit(release_free_memory)
+            self._compute_thread.submit(release_free_memory)
         self._s_per_token = (forward_end - forward_start) / tokens
         model_ms = _ms(forward_end - started)
         items = sum(len(item.ids) for item in batch)
