@@ -5,11 +5,25 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from ops.load.loadtest import main as loadtest
+from rollout.idempotency import IdempotencyRecord
 
 
 def _post(gw, inputs, key, **headers):
     return gw.client.post("/v1/predict", json={"inputs": inputs},
                           headers={"Idempotency-Key": key, **headers})
+
+
+def _wait_until_in_progress(gw, key, timeout=10.0):
+    """Until the gateway has claimed `key` for a request still being served (bounded)."""
+    admin = gw.redis.admin()
+    try:
+        deadline = time.monotonic() + timeout
+        while (raw := admin.get(f"rollout:{gw.settings.app_name}:idem:{key}")) is None:
+            assert time.monotonic() < deadline, f"the gateway never claimed {key}"
+            time.sleep(0.02)
+    finally:
+        admin.close()
+    assert not IdempotencyRecord.from_json(raw).done, "the slow request was answered at once"
 
 
 def test_repeated_request_gets_the_same_response_once(gw):
@@ -40,7 +54,7 @@ def test_concurrent_duplicate_is_409_in_progress_and_a_failure_frees_the_key(gw)
     key = f"idem-{uuid.uuid4().hex}"
     with ThreadPoolExecutor(2) as pool:
         slow = pool.submit(_post, gw, ["slow"], key)
-        time.sleep(0.5)
+        _wait_until_in_progress(gw, key)
         duplicate = _post(gw, ["slow"], key)
         assert duplicate.status_code == 409
         assert duplicate.json()["error"]["type"] == "idempotency_in_progress"

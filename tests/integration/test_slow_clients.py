@@ -114,10 +114,16 @@ def test_a_well_formed_request_id_comes_back_once(gw):
 
 def test_requests_whose_deadline_passed_in_the_queue_are_not_forwarded(gw):
     """Each baseline batch takes 1.5 s; of 24 requests with a 5 s deadline, the later batches'
-    expire while queued: the replica drops them instead of forwarding them, and they get 504."""
+    expire while queued: the replica drops them instead of forwarding them, and they get 504.
+    This is the replica's safety net for when the gateway's admission has no rate to predict
+    with: a fresh gateway replica (the override replaces it) has measured nothing yet, so it
+    admits all 24, where one that had measured the slow batches would refuse the later ones
+    at once (the test below)."""
     from ray import serve
 
-    gw.redeploy({"baseline": {"fault_delay_ms": 1500, "max_batch_size": 4}})
+    gw.redeploy({"baseline": {"fault_delay_ms": 1500, "max_batch_size": 4}},
+                gateway_max_in_flight=64)
+    assert gw.served_state()["admission"]["arms"].get("baseline", {}).get("rate_per_s") is None
     model = serve.get_deployment_handle("baseline", app_name="canary")
     before = model.info.remote().result()["expired"]
     with ThreadPoolExecutor(24) as pool:
