@@ -21,6 +21,13 @@ class RecipeSettings(BaseSettings):
 
     model_config = CONFIG
 
+    torchscript: bool = Field(
+        True,
+        description="run an eager CPU torch recipe (fp32, bf16, int8-dynamic, ...) as a frozen "
+        "TorchScript trace, kept only where it answers as the eager model does: the same "
+        "kernels, called from C++ without Python's interpreter lock, so the forward does not "
+        "wait on a process's HTTP and telemetry threads; off: the eager model",
+    )
     hide_native_bf16: bool = Field(
         False,
         description="`auto` ignores a CPU's native bf16, so that a bf16 machine measures and "

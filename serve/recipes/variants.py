@@ -27,6 +27,7 @@ from rollout.settings import BatchingSettings, ModelSettings, RecipeSettings, Ve
 from serve.common.batching import PAD_WIDTHS, exact_width, padded_width, run_budgeted
 from serve.recipes import recipe as recipe_named
 from serve.recipes import recipe_for, resolve_device
+from serve.recipes.frozen import freeze
 from serve.recipes.source import (
     Encoded,
     arm_labels,
@@ -64,12 +65,14 @@ class VariantSettings:
 
 @dataclass(frozen=True)
 class Built:
-    """A recipe applied: the model to run, and what the variant's version must hash besides the
-    weights and the recipe (an accuracy-aware plan, or an ONNX artifact's decision)."""
+    """A recipe applied: the model to run, how it runs, and what the variant's version must hash
+    besides the weights and the recipe (an accuracy-aware plan, or an ONNX artifact's decision).
+    A frozen trace is not hashed: it is kept only where it answers as the eager model does."""
 
     model: torch.nn.Module
     plan: dict | None = None
     decision: dict | None = None
+    runs_as: str = "eager"  # or a frozen TorchScript trace of it (serve.recipes.frozen), in words
 
 
 class Variant:
@@ -105,7 +108,7 @@ class Variant:
             self.choice = self._auto(progress)
             self.recipe = self.choice.recipe
         built = self.build(self.recipe, progress)
-        self.model, self.plan = built.model, built.plan
+        self.model, self.plan, self.runs_as = built.model, built.plan, built.runs_as
         if recipe_named(self.recipe).exact_shapes(self.device):
             self.pad_width = exact_width
         self.decision = built.decision
@@ -137,6 +140,9 @@ class Variant:
         source = self.model if recipe == "fp32" else copy.deepcopy(self.model)
         model = spec.build(source, self.device, plan) if spec.needs_plan else \
             spec.build(source, self.device)
+        if spec.exact_shapes(self.device) and self.settings.recipe.torchscript:
+            model, runs_as = freeze(model, "logits" if self.has_head else "last_hidden_state")
+            return Built(model, plan=plan, runs_as=runs_as)
         return Built(model, plan=plan)
 
     def warm(self, model, batch_sizes: tuple[int, ...] = (1, 8)) -> int:

@@ -159,6 +159,7 @@ class ModelServer:
         variant = Variant(settings, self.arm, progress=startup_log(self.arm))
         if variant.choice is not None:
             startup_log(self.arm)(describe(variant.choice), None)
+        startup_log(self.arm)(f"{variant.recipe} runs as {variant.runs_as}", None)
         ensure_threads(share)
         if (resize := getattr(variant.model, "resize", None)) is not None:
             resize(share)
@@ -206,6 +207,7 @@ class ModelServer:
             "pid": os.getpid(),
             "version": self.variant.version,
             "recipe": self.variant.recipe,
+            "runs_as": self.variant.runs_as,
             "auto": describe(self.variant.choice) if self.variant.choice else None,
             "device": self.variant.device,
             "labels": list(self.variant.labels),
