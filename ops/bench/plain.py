@@ -13,7 +13,9 @@ Written as a competent Ray Serve user serves one model over HTTP, with nothing o
   64 against 113 through the gateway, an anchor no user would pick.
 - **The same model, fp32, all cores.** The project's own `Variant` of the baseline's weights
   under fp32 (a plain user's default, whatever `baseline_recipe` says), so both sides give the
-  same answers; one padded forward per batch, without the gateway's length packing.
+  same answers; one padded forward per batch, without the gateway's length packing, and the
+  eager transformers model a plain user runs (`torchscript` off: no frozen trace,
+  serve.recipes.frozen).
   `torch.set_num_threads(os.cpu_count())`, also in the one worker thread that runs the
   batches (torch's count is per thread), so the event loop keeps receiving requests while a
   forward runs.
@@ -86,7 +88,8 @@ class PlainModel:
     def __init__(self, settings: Settings):
         cores = os.cpu_count() or 1
         torch.set_num_threads(cores)
-        self.variant = Variant(VariantSettings(settings, settings, settings, settings),
+        eager = settings.model_copy(update={"torchscript": False})
+        self.variant = Variant(VariantSettings(eager, eager, eager, eager),
                                "baseline", recipe=RECIPE)
         self.default_task = settings.default_task
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="plain-forward",
