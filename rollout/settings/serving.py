@@ -21,10 +21,12 @@ class ServingSettings(BaseSettings):
     model_config = CONFIG
 
     topology: Literal["colocated", "remote"] = Field(
-        "colocated", description="where the arms' models run: `colocated`, both loaded in every "
+        "colocated",
+        description="where the arms' models run: `colocated`, both loaded in every "
         "gateway replica (no second Ray hop per request; for models that fit twice in a "
-        "replica; the faster on one machine), or `remote`, one Serve deployment per arm, called from the gateway (arms "
-        "that scale on their own: large models, a GPU per arm, a cluster) ([the topology]"
+        "replica; the faster on one machine), or `remote`, one Serve deployment per arm, "
+        "called from the gateway (arms that scale on their own: large models, a GPU per arm, "
+        "a cluster) ([the topology]"
         "(production.md#the-topology))"
     )
     gateway_num_cpus: float = Field(

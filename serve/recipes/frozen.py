@@ -113,5 +113,6 @@ def freeze(model: torch.nn.Module, output: str) -> tuple[Frozen | torch.nn.Modul
         return model, f"eager (TorchScript trace failed: {type(exc).__name__}: {exc})"[:300]
     tolerance = TOLERANCE.get(_dtype(model), 1e-4)
     if not worst <= tolerance:
-        return model, f"eager (the trace differs from the eager model by {worst:.2g} > {tolerance:g})"
+        return model, (f"eager (the trace differs from the eager model by {worst:.2g} > "
+                       f"{tolerance:g})")
     return frozen, f"frozen TorchScript trace (largest difference from eager {worst:.2g})"
