@@ -10,7 +10,7 @@ alone and 51 ms beside a thread that ran Python a third of the time; the frozen 
 every op from C++ with the lock released, and took 42 ms on one thread whether the other thread
 ran or not.
 
-`freeze(model, variant)` traces the model on two example shapes, freezes it, and keeps it only
+`freeze(model, output)` traces the model on two example shapes, freezes it, and keeps it only
 where it answers what the eager model answers on shapes it was not traced on (batch sizes and
 widths below); otherwise it keeps the eager model and says why (a model with data-dependent
 Python control flow, a tensor subclass the tracer cannot see through, a quantized module freezing
@@ -20,13 +20,10 @@ does not support). Traced on the calling thread, which is the process's compute 
 
 from __future__ import annotations
 
-import logging
 import warnings
 from types import SimpleNamespace
 
 import torch
-
-log = logging.getLogger("canary.recipes")
 
 # (rows, width): traced on the first two, checked on all; widths the tracer never saw among them
 CHECK_SHAPES = ((2, 8), (1, 5), (1, 13), (5, 31), (3, 70))
