@@ -3,7 +3,8 @@
 With `CANARY_TOPOLOGY=colocated` a gateway replica routes, tokenizes and runs the chosen arm's
 model in its own process: no second Ray hop (handle call, the core worker's gRPC threads,
 serialization both ways) per request. Each arm is a `serve.replica.model_server.ModelServer`
-instance of its own, with its own batching, forward thread, thread count (compute follows the share)
+instance of its own, with its own batching, forward thread, thread count (compute follows the share,
+and a batch with requests queued behind it leaves the event loop a core: serve.replica.thread_share)
 and fault injection, called through `LocalHandle`, which answers the calls the gateway makes of a
 `DeploymentHandle` (`handle.predict.remote(...)`), so the request path, the shadow, admission
 and fallback are the same code in both topologies.
@@ -64,7 +65,8 @@ async def load(settings: Settings) -> dict[str, LocalHandle]:
     from serve.replica.model_server import ModelServer
 
     server_class = ModelServer.func_or_class
-    return {arm: LocalHandle(await asyncio.to_thread(server_class, settings, arm))
+    return {arm: LocalHandle(await asyncio.to_thread(server_class, settings, arm,
+                                                     shares_loop=True))
             for arm in ARMS}
 
 

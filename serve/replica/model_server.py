@@ -37,7 +37,7 @@ from serve.replica.compute import ensure_threads
 from serve.replica.cputime import ForwardClock, burn_cpu, shares
 from serve.replica.faults import Faults
 from serve.replica.memory_trim import Trimmer, release_free_memory
-from serve.replica.thread_share import ComputeFollower
+from serve.replica.thread_share import ComputeFollower, beside_loop
 from serve.telemetry.otel import Telemetry
 from serve.telemetry.tracing import Marks, WallClock, record_model_spans
 
@@ -114,9 +114,13 @@ def startup_threads(settings: ModelSettings) -> int:
 
 @serve.deployment(name="model", health_check_period_s=10, health_check_timeout_s=30)
 class ModelServer:
-    def __init__(self, settings: Settings, arm: str):
+    def __init__(self, settings: Settings, arm: str, *, shares_loop: bool = False):
         """The replica's composition root: `settings` holds every group (rollout.settings),
-        and each component is handed the groups its signature names."""
+        and each component is handed the groups its signature names. `shares_loop`: the
+        process's event loop also serves the gateway's requests (serve.gateway.colocated), so a
+        batch with a backlog behind it leaves the loop a core (serve.replica.thread_share
+        `beside_loop`)."""
+        self.shares_loop = shares_loop
         share = settings.threads_per_model()
         self.arm = arm
         # built on the process's compute thread, where its forwards run (serve.replica.compute)
@@ -300,14 +304,22 @@ class ModelServer:
         outputs = self.variant.postprocess(task, rows)
         return self.faults.postprocess(task, outputs, encoded, self.variant.tokenizer)
 
-    def _computed(self, queued: list[_Queued], expired: Callable[[int], bool]):
+    def _batch_threads(self) -> int:
+        """Threads for the batch starting now: the arm's, less the event loop's core while
+        requests wait behind it in a process whose loop serves them (`shares_loop`)."""
+        if not self.shares_loop:
+            return self.threads
+        return beside_loop(self.threads, os.cpu_count() or 1, self.waiting)
+
+    def _computed(self, queued: list[_Queued], expired: Callable[[int], bool],
+                  threads: int | None = None):
         """A merged batch's work on the compute thread (serve.replica.compute): its forwards
         under the token budget, timed, then each answered request's postprocessing (label
         scores are a matmul: off the compute thread it would start a second OpenMP team).
         Returns the rows per request, the forwards' seconds, when they ended, and per request
         its outputs (or the exception that fails it alone) with when its postprocessing started
-        and ended."""
-        ensure_threads(self.threads)
+        and ended. `threads`: torch's count for it (the arm's by default)."""
+        ensure_threads(self.threads if threads is None else threads)
         rows, forward_cpu_s = self.forward_clock.timed(
             run_budgeted, [item.encoded.ids for item in queued], self._forward,
             self.max_batch_tokens, self.variant.split_tokens, expired, self.variant.pad_width)
@@ -391,7 +403,7 @@ class ModelServer:
 
         try:
             rows, forward_cpu_s, forward_end, posts = await loop.run_in_executor(
-                self._compute_thread, self._computed, queued, expired)
+                self._compute_thread, self._computed, queued, expired, self._batch_threads())
         finally:
             self._forwarding -= 1
         self.expired += sum(isinstance(r, Expired) for r in rows)

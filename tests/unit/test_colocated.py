@@ -243,3 +243,56 @@ def test_live_settings_for_an_unknown_arm_are_refused_in_either_topology():
     for topology in ("remote", "colocated"):
         with pytest.raises(ValueError, match="unknown arms \\['canary'\\]"):
             build(Settings(topology=topology), {"canary": {"fault_error": True}})
+
+
+def test_a_colocated_server_forwards_a_batch_with_a_backlog_on_fewer_threads(
+        two_servers, monkeypatch):
+    """A server sharing the gateway's event loop (`shares_loop`, as serve.gateway.colocated
+    builds it) runs a batch with requests queued behind it on at most cores - 1 threads, and
+    one with nothing behind it on all of its own; a remote model replica always on its own."""
+    from serve.replica import model_server
+
+    server = two_servers["baseline"]
+    monkeypatch.setattr(model_server.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(server, "threads", 2)
+    server.waiting = 3
+    assert server._batch_threads() == 2  # built as a remote replica: shares_loop False
+    monkeypatch.setattr(server, "shares_loop", True)
+    assert server._batch_threads() == 1
+    server.waiting = 0
+    assert server._batch_threads() == 2
+
+    seen: list[int] = []
+    original = model_server.ensure_threads
+    monkeypatch.setattr(model_server, "ensure_threads",
+                        lambda threads: (seen.append(threads), original(1)))
+    server.reconfigure({"max_batch_size": 1, "batch_wait_ms": 20})
+    handle = LocalHandle(server)
+
+    async def four_at_once():
+        return await asyncio.gather(*(handle.predict.remote([f"text {i}"], "classify")
+                                      for i in range(4)))
+
+    assert len(asyncio.run(four_at_once())) == 4
+    assert len(seen) == 4  # one batch per request
+    assert seen[0] == 1  # three waited behind the first
+    assert seen[-1] == 2  # nothing behind the last
+
+
+def test_the_colocated_topology_builds_its_servers_beside_the_loop(monkeypatch):
+    """serve.gateway.colocated.load builds each arm's server with `shares_loop=True`."""
+    from types import SimpleNamespace
+
+    from serve.gateway import colocated
+    from serve.replica import model_server
+
+    built: list[tuple[str, bool]] = []
+
+    class Recorded:
+        def __init__(self, settings, arm, *, shares_loop=False):
+            built.append((arm, shares_loop))
+
+    monkeypatch.setattr(model_server, "ModelServer", SimpleNamespace(func_or_class=Recorded))
+    handles = asyncio.run(colocated.load(Settings()))
+    assert set(handles) == set(colocated.ARMS)
+    assert built == [(arm, True) for arm in colocated.ARMS]

@@ -6,7 +6,7 @@ import pytest
 from rollout.clock import FakeClock
 from rollout.control import Rollout
 from rollout.store import MemoryStateStore
-from serve.replica.thread_share import ComputeFollower, threads_for
+from serve.replica.thread_share import ComputeFollower, beside_loop, threads_for
 
 POLL_S, STALENESS_S = 0.5, 2.0
 
@@ -24,6 +24,18 @@ def test_threads_follow_the_routed_share(cores, bp, baseline, optimized):
     assert threads_for("baseline", bp, cores) == baseline
     assert threads_for("optimized", bp, cores) == optimized
     assert baseline + optimized <= cores + 1
+
+
+@pytest.mark.parametrize(("threads", "cores", "backlog", "expected"), [
+    (2, 2, 0, 2),    # nothing waits behind the batch: every thread
+    (2, 2, 5, 1),    # a backlog: the event loop keeps a core
+    (16, 16, 1, 15),
+    (4, 16, 9, 4),   # the arm's share already leaves the loop cores
+    (1, 1, 3, 1),    # one core: the batch keeps its thread
+    (1, 2, 3, 1),
+])
+def test_a_batch_beside_a_busy_event_loop_leaves_it_a_core(threads, cores, backlog, expected):
+    assert beside_loop(threads, cores, backlog) == expected
 
 
 @pytest.fixture
