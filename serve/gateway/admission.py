@@ -63,6 +63,7 @@ RATE_WINDOW_S = 0.1  # busy seconds a rate sample covers at least
 RATE_WEIGHT = 0.3  # of the newest sample in the moving average of the busy rate
 FIT_WEIGHT = 0.05  # of the newest forward in the fit of forward time against rows
 TIMEOUT_HEADER = "x-request-timeout-ms"
+SHEDDING_S = 1.0  # a replica that refused a request this recently is shedding
 
 
 def requested_timeout_s(value: str | None, cap_s: float) -> float:
@@ -270,6 +271,7 @@ class Admission:
     clock: Callable[[], float] = time.monotonic
     in_flight: int = 0
     shed: int = 0  # requests refused so far
+    shed_at: float | None = None  # when the last was refused (`clock`)
 
     def __post_init__(self) -> None:
         if self.ceiling < 1:
@@ -283,10 +285,20 @@ class Admission:
     def enter(self) -> Slot | None:
         """A slot, or None at the memory cap (refuse at once)."""
         if self.in_flight >= self.ceiling:
-            self.shed += 1
+            self.refused()
             return None
         self.in_flight += 1
         return Slot(self)
+
+    def refused(self) -> None:
+        """Count a refused request (here, or at the door by its caller)."""
+        self.shed += 1
+        self.shed_at = self.clock()
+
+    def shedding(self, within_s: float = SHEDDING_S) -> bool:
+        """Whether this replica refused a request within the last `within_s` seconds: its
+        event loop is busy turning the excess away (serve.replica.thread_share `beside_loop`)."""
+        return self.shed_at is not None and self.clock() - self.shed_at <= within_s
 
     def leave(self, slot: Slot) -> None:
         self.in_flight -= 1
@@ -307,7 +319,7 @@ class Admission:
         predicted = self.queue(arm).predicted_s(rows)
         if predicted <= timeout_s:
             return None
-        self.shed += 1
+        self.refused()
         return Refusal(predicted, timeout_s)
 
     def late(self, arm: str, rows: int, timeout_s: float) -> bool:

@@ -3,9 +3,9 @@
 With `CANARY_TOPOLOGY=colocated` a gateway replica routes, tokenizes and runs the chosen arm's
 model in its own process: no second Ray hop (handle call, the core worker's gRPC threads,
 serialization both ways) per request. Each arm is a `serve.replica.model_server.ModelServer`
-instance of its own, with its own batching, forward thread, thread count (compute follows the share,
-and a batch with requests queued behind it leaves the event loop a core: serve.replica.thread_share)
-and fault injection, called through `LocalHandle`, which answers the calls the gateway makes of a
+instance of its own, with its own batching, forward thread, thread count (compute follows the
+share; while the gateway sheds, a batch leaves the event loop a core: `share_loop`) and fault
+injection, called through `LocalHandle`, which answers the calls the gateway makes of a
 `DeploymentHandle` (`handle.predict.remote(...)`), so the request path, the shadow, admission
 and fallback are the same code in both topologies.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 
 from rollout.policy import Arm
 from rollout.settings import Settings
@@ -65,9 +66,16 @@ async def load(settings: Settings) -> dict[str, LocalHandle]:
     from serve.replica.model_server import ModelServer
 
     server_class = ModelServer.func_or_class
-    return {arm: LocalHandle(await asyncio.to_thread(server_class, settings, arm,
-                                                     shares_loop=True))
+    return {arm: LocalHandle(await asyncio.to_thread(server_class, settings, arm))
             for arm in ARMS}
+
+
+def share_loop(handles: dict[str, LocalHandle], busy: Callable[[], bool]) -> None:
+    """Tell each arm's model server when this process's event loop is busy (`busy()`: the
+    gateway is shedding), so that its batches then leave the loop a core
+    (serve.replica.thread_share `beside_loop`)."""
+    for handle in handles.values():
+        handle.server.loop_busy = busy
 
 
 def reconfigure(handles: dict[str, LocalHandle], arms_config: dict[str, dict]) -> None:

@@ -158,6 +158,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         self.admission = Admission(ceiling=settings.gateway_max_in_flight,
                                    batch_rows=settings.max_batch_size)
         self.shed_summary = ShedSummary(self.admission, log.warning)
+        if self.local is not None:  # the models' batches leave a shedding loop a core
+            colocated.share_loop(self.local, self.admission.shedding)
         self._lag_task = asyncio.get_running_loop().create_task(self.admission.loop.run())
         # serve.gateway.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, settings, self.admission, self._shed_at_the_door)
@@ -276,7 +278,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
     def _shed_at_the_door(self, latency_ms: float) -> None:
         """A request serve.gateway.ingress shed (serve.gateway.admission's `door`): counted, nothing
         else."""
-        self.admission.shed += 1
+        self.admission.refused()
         self.shed_summary.shed()
         self.observer.shed(latency_ms)
 

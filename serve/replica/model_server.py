@@ -114,13 +114,12 @@ def startup_threads(settings: ModelSettings) -> int:
 
 @serve.deployment(name="model", health_check_period_s=10, health_check_timeout_s=30)
 class ModelServer:
-    def __init__(self, settings: Settings, arm: str, *, shares_loop: bool = False):
+    def __init__(self, settings: Settings, arm: str):
         """The replica's composition root: `settings` holds every group (rollout.settings),
-        and each component is handed the groups its signature names. `shares_loop`: the
-        process's event loop also serves the gateway's requests (serve.gateway.colocated), so a
-        batch with a backlog behind it leaves the loop a core (serve.replica.thread_share
-        `beside_loop`)."""
-        self.shares_loop = shares_loop
+        and each component is handed the groups its signature names."""
+        # in the gateway's process (serve.gateway.colocated `share_loop`): whether its event
+        # loop is busy shedding, so that a batch with a backlog leaves it a core
+        self.loop_busy: Callable[[], bool] | None = None
         share = settings.threads_per_model()
         self.arm = arm
         # built on the process's compute thread, where its forwards run (serve.replica.compute)
@@ -306,8 +305,9 @@ class ModelServer:
 
     def _batch_threads(self) -> int:
         """Threads for the batch starting now: the arm's, less the event loop's core while
-        requests wait behind it in a process whose loop serves them (`shares_loop`)."""
-        if not self.shares_loop:
+        requests wait behind it and the loop, which serves the gateway in this process, is
+        busy (`loop_busy`)."""
+        if self.loop_busy is None or not self.waiting or not self.loop_busy():
             return self.threads
         return beside_loop(self.threads, os.cpu_count() or 1, self.waiting)
 

@@ -17,13 +17,16 @@ Policy (`threads_for`, pure): the arm that carries a share `f` of the traffic ge
 
 Beside an event loop (`beside_loop`, pure): in the colocated topology (serve.gateway.colocated)
 the forward runs in the gateway's own process, whose event loop parses, routes, sheds and answers
-every request. While requests are queued behind a batch (a backlog: the loop is busy taking
-more) that batch runs on at most `cores - 1` threads, leaving the loop a core; otherwise on
-all its threads, as a lone request is fastest on every core. On 2 cores (AMD EPYC, avx512_bf16,
-no AMX; `python -m ops.drill overload --duration 10`, colocated, canary 0 %) a batch on both
-threads while the loop shed the excess took 70-80 ms for 16 short texts against ~20 ms in a
-closed loop: each OpenMP barrier waited for the thread the loop had descheduled. Goodput was
-182-189 200s/s at 2x and 5x capacity, with 504s; on one thread 306 and 286, no 504.
+every request. While the gateway is shedding (it refused a request within the last second) and
+requests wait behind a batch, that batch runs on at most `cores - 1` threads, leaving the loop
+a core; otherwise on all its threads. On 2 cores (Intel Xeon with amx_bf16, amx_int8,
+avx512_bf16, avx512_vnni; `python -m ops.drill overload --duration 10`, colocated, canary 0 %)
+a batch on both threads while the loop shed the excess took 30-80 ms for 16 short texts against
+~20 ms in a closed loop (each OpenMP barrier waits for the thread the loop has descheduled):
+goodput was 182-189 200s/s at 2x and 5x capacity, with 504s; leaving the loop a core, 262-306,
+none. At bounded load (nothing shed) it costs: with any backlog, 8-text requests at concurrency
+64 lost 15-35 % (`python -m ops.bench --workload short --set topology=colocated`), hence the
+shedding condition.
 
 Mechanism (`ComputeFollower`): the replica watches the rollout state (rollout.watcher, pub/sub
 plus a poll, as a gateway does) and, when the count for its arm changes, asks the replica to
@@ -51,8 +54,8 @@ def threads_for(arm: str, effective_bp: int, cores: int) -> int:
 
 
 def beside_loop(threads: int, cores: int, backlog: int) -> int:
-    """Threads of a batch in a process whose event loop also serves the requests: `threads`,
-    but at most `cores - 1` (at least 1) while `backlog` requests wait behind the batch."""
+    """Threads of a batch in a process whose event loop also serves the requests and is busy:
+    `threads`, but at most `cores - 1` (at least 1) while `backlog` requests wait behind it."""
     if backlog <= 0:
         return threads
     return max(1, min(threads, cores - 1))

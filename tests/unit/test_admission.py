@@ -5,6 +5,7 @@ import pytest
 
 from serve.gateway.admission import (
     RATE_WINDOW_S,
+    SHEDDING_S,
     Admission,
     ArmQueue,
     LoopLag,
@@ -264,3 +265,25 @@ def test_time_spent_waiting_for_the_loop_comes_off_the_deadline_at_the_door():
     assert admission.door(1.0) is None
     admission.loop.observe(1.0)  # requests wait ~0.3 s (weight 0.3) before any handler
     assert admission.door(1.0) == 1
+
+
+def test_a_replica_is_shedding_for_a_second_after_each_refusal_wherever_it_refused():
+    """`shedding()` (what a colocated model's batches ask before leaving the loop a core) is
+    true within SHEDDING_S of the last refusal: at the memory cap, by the arm's deadline, or
+    one reported from the door (`refused`)."""
+    clock = Clock()
+    admission = measured(rate=100, clock=clock)
+    assert not admission.shedding()  # never refused
+    admission.ceiling = 1
+    held = admission.enter()
+    assert admission.enter() is None  # at the memory cap
+    assert admission.shedding() and admission.shed == 1
+    clock.now += SHEDDING_S + 0.01
+    assert not admission.shedding()
+    admission.leave(held)
+    admission.queue("baseline").add(500, clock())  # 5 s of work ahead
+    assert admission.judge("baseline", 1, timeout_s=1.0) is not None
+    assert admission.shedding() and admission.shed == 2
+    clock.now += SHEDDING_S + 0.01
+    admission.refused()  # a refusal at the door, reported by serve.gateway.ingress's caller
+    assert admission.shedding() and admission.shed == 3

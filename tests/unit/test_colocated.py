@@ -245,22 +245,27 @@ def test_live_settings_for_an_unknown_arm_are_refused_in_either_topology():
             build(Settings(topology=topology), {"canary": {"fault_error": True}})
 
 
-def test_a_colocated_server_forwards_a_batch_with_a_backlog_on_fewer_threads(
-        two_servers, monkeypatch):
-    """A server sharing the gateway's event loop (`shares_loop`, as serve.gateway.colocated
-    builds it) runs a batch with requests queued behind it on at most cores - 1 threads, and
-    one with nothing behind it on all of its own; a remote model replica always on its own."""
+def test_a_colocated_server_leaves_a_shedding_loop_a_core(two_servers, monkeypatch):
+    """A server told when its process's event loop is busy (serve.gateway.colocated
+    `share_loop`) runs a batch with requests queued behind it on at most cores - 1 threads
+    while the loop is busy, and on all of its own otherwise; a remote model replica (never
+    told) always on its own."""
+    from serve.gateway.colocated import share_loop
     from serve.replica import model_server
 
     server = two_servers["baseline"]
     monkeypatch.setattr(model_server.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(server, "threads", 2)
     server.waiting = 3
-    assert server._batch_threads() == 2  # built as a remote replica: shares_loop False
-    monkeypatch.setattr(server, "shares_loop", True)
+    assert server._batch_threads() == 2  # as a remote replica: nobody says the loop is busy
+    busy = [True]
+    share_loop({"baseline": LocalHandle(server)}, lambda: busy[0])
     assert server._batch_threads() == 1
+    busy[0] = False
+    assert server._batch_threads() == 2  # not shedding: every thread
+    busy[0] = True
     server.waiting = 0
-    assert server._batch_threads() == 2
+    assert server._batch_threads() == 2  # nothing behind the batch
 
     seen: list[int] = []
     original = model_server.ensure_threads
@@ -277,22 +282,3 @@ def test_a_colocated_server_forwards_a_batch_with_a_backlog_on_fewer_threads(
     assert len(seen) == 4  # one batch per request
     assert seen[0] == 1  # three waited behind the first
     assert seen[-1] == 2  # nothing behind the last
-
-
-def test_the_colocated_topology_builds_its_servers_beside_the_loop(monkeypatch):
-    """serve.gateway.colocated.load builds each arm's server with `shares_loop=True`."""
-    from types import SimpleNamespace
-
-    from serve.gateway import colocated
-    from serve.replica import model_server
-
-    built: list[tuple[str, bool]] = []
-
-    class Recorded:
-        def __init__(self, settings, arm, *, shares_loop=False):
-            built.append((arm, shares_loop))
-
-    monkeypatch.setattr(model_server, "ModelServer", SimpleNamespace(func_or_class=Recorded))
-    handles = asyncio.run(colocated.load(Settings()))
-    assert set(handles) == set(colocated.ARMS)
-    assert built == [(arm, True) for arm in colocated.ARMS]
