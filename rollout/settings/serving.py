@@ -21,10 +21,10 @@ class ServingSettings(BaseSettings):
     model_config = CONFIG
 
     topology: Literal["colocated", "remote"] = Field(
-        "remote",
+        "colocated",
         description="where the arms' models run: `colocated`, both loaded in every "
         "gateway replica (no second Ray hop per request; for models that fit twice in a "
-        "replica; faster on one machine at bounded load, but it sheds overload worse), or "
+        "replica; the faster on one machine, at bounded load and under overload), or "
         "`remote`, one Serve deployment per arm, "
         "called from the gateway (arms that scale on their own: large models, a GPU per arm, "
         "a cluster) ([the topology]"

@@ -23,7 +23,7 @@ a core; otherwise on all its threads. On 2 cores (Intel Xeon with amx_bf16, amx_
 avx512_bf16, avx512_vnni; `python -m ops.drill overload --duration 10`, colocated, canary 0 %)
 a batch on both threads while the loop shed the excess took 30-80 ms for 16 short texts against
 ~20 ms in a closed loop (each OpenMP barrier waits for the thread the loop has descheduled):
-goodput was 182-189 200s/s at 2x and 5x capacity, with 504s; leaving the loop a core, 262-306,
+goodput was 182-189 200s/s at 2x and 5x capacity, with 504s; leaving the loop a core, 253-306,
 none. At bounded load (nothing shed) it costs: with any backlog, 8-text requests at concurrency
 64 lost 15-35 % (`python -m ops.bench --workload short --set topology=colocated`), hence the
 shedding condition.
