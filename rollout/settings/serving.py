@@ -21,10 +21,11 @@ class ServingSettings(BaseSettings):
     model_config = CONFIG
 
     topology: Literal["colocated", "remote"] = Field(
-        "colocated",
+        "remote",
         description="where the arms' models run: `colocated`, both loaded in every "
         "gateway replica (no second Ray hop per request; for models that fit twice in a "
-        "replica; the faster on one machine, at bounded load and under overload), or "
+        "replica; faster on one machine at bounded load and with short texts under overload, "
+        "slower in a burst of long texts), or "
         "`remote`, one Serve deployment per arm, "
         "called from the gateway (arms that scale on their own: large models, a GPU per arm, "
         "a cluster) ([the topology]"

@@ -20,8 +20,8 @@ def test_production_config_is_valid():
         "gateway", "baseline", "optimized", "ramp-controller"}
     settings = Settings(**application.args)
     assert settings.model_num_gpus == 0.25
-    # its model deployments are the remote topology's, not the single-machine default
-    assert settings.topology == "remote" and Settings().topology == "colocated"
+    # its model deployments are the remote topology's
+    assert settings.topology == "remote"
     # every model replica at its maximum fits on the node's one GPU
     models = [d for d in application.deployments if d.name in ("baseline", "optimized")]
     assert sum(d.autoscaling_config["max_replicas"] * d.ray_actor_options.num_gpus
