@@ -307,19 +307,18 @@ class ModelServer:
         """Threads for the batch starting now: the arm's, less the event loop's core while
         requests wait behind it and the loop, which serves the gateway in this process, is
         busy (`loop_busy`)."""
-        if self.loop_busy is None or not self.waiting or not self.loop_busy():
+        if self.loop_busy is None or not self.loop_busy():
             return self.threads
         return beside_loop(self.threads, os.cpu_count() or 1, self.waiting)
 
-    def _computed(self, queued: list[_Queued], expired: Callable[[int], bool],
-                  threads: int | None = None):
+    def _computed(self, queued: list[_Queued], expired: Callable[[int], bool], threads: int):
         """A merged batch's work on the compute thread (serve.replica.compute): its forwards
         under the token budget, timed, then each answered request's postprocessing (label
         scores are a matmul: off the compute thread it would start a second OpenMP team).
         Returns the rows per request, the forwards' seconds, when they ended, and per request
         its outputs (or the exception that fails it alone) with when its postprocessing started
-        and ended. `threads`: torch's count for it (the arm's by default)."""
-        ensure_threads(self.threads if threads is None else threads)
+        and ended. `threads`: torch's count for it (`_batch_threads`)."""
+        ensure_threads(threads)
         rows, forward_cpu_s = self.forward_clock.timed(
             run_budgeted, [item.encoded.ids for item in queued], self._forward,
             self.max_batch_tokens, self.variant.split_tokens, expired, self.variant.pad_width)
