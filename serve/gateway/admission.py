@@ -64,6 +64,7 @@ RATE_WEIGHT = 0.3  # of the newest sample in the moving average of the busy rate
 FIT_WEIGHT = 0.05  # of the newest forward in the fit of forward time against rows
 TIMEOUT_HEADER = "x-request-timeout-ms"
 SHEDDING_S = 1.0  # a replica that refused a request this recently is shedding
+BUSY_LOOP_SHARE = 0.25  # of a core: an event loop this busy is busy (serve.replica.thread_share)
 
 
 def requested_timeout_s(value: str | None, cap_s: float) -> float:
@@ -241,16 +242,39 @@ class Refusal:
 
 
 class LoopLag:
-    """How late the event loop runs callbacks: what a request that reached the replica now
-    waits before its handler runs (`lag_s`, a moving average of how late a timer every
-    `every_s` fires). `run` is the task that measures it."""
+    """How late the event loop runs callbacks, and how much of a core it spends. `lag_s`: what a
+    request that reached the replica now waits before its handler runs (a moving average of how
+    late a timer every `every_s` fires). `cpu_share`: the loop thread's CPU time over wall time,
+    in windows of at least `share_window_s` (a moving average, `share_weight` for the newest):
+    how busy its one core is parsing, routing and answering. `run` is the task that measures
+    both; `thread_time` (the calling thread's CPU seconds) and `clock` are injectable."""
 
-    def __init__(self, every_s: float = 0.01, weight: float = 0.3):
+    def __init__(self, every_s: float = 0.01, weight: float = 0.3, *,
+                 share_window_s: float = 0.25, share_weight: float = 0.5,
+                 thread_time: Callable[[], float] = time.thread_time,
+                 clock: Callable[[], float] = time.monotonic):
         self.every_s, self.weight = every_s, weight
+        self.share_window_s, self.share_weight = share_window_s, share_weight
+        self.thread_time, self.clock = thread_time, clock
         self.lag_s = 0.0
+        self.cpu_share = 0.0
+        self._since: tuple[float, float] | None = None  # (wall, cpu) at the window's start
 
     def observe(self, late_s: float) -> None:
         self.lag_s += self.weight * (max(0.0, late_s) - self.lag_s)
+
+    def sample(self) -> None:
+        """On the loop's thread: close the CPU-share window once it is `share_window_s` long."""
+        wall, cpu = self.clock(), self.thread_time()
+        if self._since is None:
+            self._since = (wall, cpu)
+            return
+        elapsed = wall - self._since[0]
+        if elapsed < self.share_window_s:
+            return
+        share = min(1.0, max(0.0, (cpu - self._since[1]) / elapsed))
+        self.cpu_share += self.share_weight * (share - self.cpu_share)
+        self._since = (wall, cpu)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -258,6 +282,7 @@ class LoopLag:
             asked = loop.time() + self.every_s
             await asyncio.sleep(self.every_s)
             self.observe(loop.time() - asked)
+            self.sample()
 
 
 @dataclass
@@ -299,6 +324,12 @@ class Admission:
         """Whether this replica refused a request within the last `within_s` seconds: its
         event loop is busy turning the excess away (serve.replica.thread_share `beside_loop`)."""
         return self.shed_at is not None and self.clock() - self.shed_at <= within_s
+
+    def loop_busy(self, share: float = BUSY_LOOP_SHARE) -> bool:
+        """Whether this replica's event loop is busy: it is shedding, or it spent at least
+        `share` of a core over its last windows (`LoopLag.cpu_share`). What a colocated model's
+        batches ask before leaving the loop a core (serve.replica.thread_share `beside_loop`)."""
+        return self.shedding() or self.loop.cpu_share >= share
 
     def leave(self, slot: Slot) -> None:
         self.in_flight -= 1
@@ -344,6 +375,7 @@ class Admission:
         """What `GET /v1/rollout` shows of this replica's admission."""
         return {"in_flight": self.in_flight, "ceiling": self.ceiling, "shed": self.shed,
                 "loop_lag_ms": round(self.loop.lag_s * 1000, 1),
+                "loop_cpu_share": round(self.loop.cpu_share, 2),
                 "arms": {arm: q.snapshot() for arm, q in sorted(self.arms.items())}}
 
 

@@ -4,7 +4,7 @@ With `CANARY_TOPOLOGY=colocated` a gateway replica routes, tokenizes and runs th
 model in its own process: no second Ray hop (handle call, the core worker's gRPC threads,
 serialization both ways) per request. Each arm is a `serve.replica.model_server.ModelServer`
 instance of its own, with its own batching, forward thread, thread count (compute follows the
-share; while the gateway sheds, a batch leaves the event loop a core: `share_loop`) and fault
+share; while the gateway's event loop is busy, a batch leaves it a core: `share_loop`) and fault
 injection, called through `LocalHandle`, which answers the calls the gateway makes of a
 `DeploymentHandle` (`handle.predict.remote(...)`), so the request path, the shadow, admission
 and fallback are the same code in both topologies.
@@ -72,8 +72,9 @@ async def load(settings: Settings) -> dict[str, LocalHandle]:
 
 def share_loop(handles: dict[str, LocalHandle], busy: Callable[[], bool]) -> None:
     """Tell each arm's model server when this process's event loop is busy (`busy()`: the
-    gateway is shedding), so that its batches then leave the loop a core
-    (serve.replica.thread_share `beside_loop`)."""
+    gateway is shedding, or its loop spends a share of a core: serve.gateway.admission
+    `loop_busy`), so that its batches then leave the loop a core (serve.replica.thread_share
+    `beside_loop`)."""
     for handle in handles.values():
         handle.server.loop_busy = busy
 

@@ -159,7 +159,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
                                    batch_rows=settings.max_batch_size)
         self.shed_summary = ShedSummary(self.admission, log.warning)
         if self.local is not None:  # the models' batches leave a shedding loop a core
-            colocated.share_loop(self.local, self.admission.shedding)
+            colocated.share_loop(self.local, self.admission.loop_busy)
         self._lag_task = asyncio.get_running_loop().create_task(self.admission.loop.run())
         # serve.gateway.ingress: the body deadline and limits, and shedding before Serve's handling
         ingress.configure(settings, settings, self.admission, self._shed_at_the_door)

@@ -17,17 +17,24 @@ Policy (`threads_for`, pure): the arm that carries a share `f` of the traffic ge
 
 Beside an event loop (`beside_loop`, pure): in the colocated topology (serve.gateway.colocated)
 the forward runs in the gateway's own process, whose event loop parses, routes, sheds and answers
-every request. While the gateway is shedding (it refused a request within the last second) and
-requests wait behind a batch, that batch runs on at most `cores - 1` threads, leaving the loop
-a core; otherwise on all its threads. On 2 cores (Intel Xeon with amx_bf16, amx_int8,
-avx512_bf16, avx512_vnni; `python -m ops.drill overload --duration 10`, colocated, canary 0 %)
-a batch on both threads while the loop shed the excess took 30-80 ms for 16 short texts against
-~20 ms in a closed loop (each OpenMP barrier waits for the thread the loop has descheduled):
-goodput was 182-189 200s/s at 2x and 5x capacity, with 504s; leaving the loop a core, 253-306,
-none. At bounded load (nothing shed) it costs: with any backlog, 8-text requests at concurrency
-64 lost 15-35 % (`python -m ops.bench --workload short --set topology=colocated`), hence the
-shedding condition.
+every request. While that loop is busy and requests wait behind a batch, the batch runs on at
+most `cores - 1` threads, leaving the loop a core; otherwise on all its threads. Busy
+(serve.gateway.admission `loop_busy`): the gateway is shedding (it refused a request within the
+last second), or the loop's thread spent at least `BUSY_LOOP_SHARE` (a quarter) of a core over
+its last windows. Both measured on 2 cores (Intel Xeon with amx_bf16, amx_int8, avx512_bf16,
+avx512_vnni), colocated, canary 0 %:
 
+- shedding (`python -m ops.drill overload --duration 10`): a batch on both threads while the
+  loop shed the excess took 30-80 ms for 16 short texts against ~20 ms in a closed loop (each
+  OpenMP barrier waits for the thread the loop has descheduled): goodput was 182-189 200s/s at
+  2x and 5x capacity, with 504s; leaving the loop a core, 253-306, none;
+- the loop's share (`python -m ops.bench --workload short --set topology=colocated`, two
+  interleaved rounds): with single short texts the loop spends 0.29-0.41 of a core, and at
+  concurrency 64 (a backlog behind every batch) leaving it a core answered 317-321 / 446-486
+  texts/s (baseline / optimized) against 263-283 / 328-330, at 3.5 CPU ms per request
+  against 4.9; with 8-text requests it spends 0.12-0.17 and the batches keep both threads
+  (on any backlog they lost 15-35 % at concurrency 64), and at concurrency 8 nothing waits
+  behind a batch (one thread there cost 10-15 %).
 Mechanism (`ComputeFollower`): the replica watches the rollout state (rollout.watcher, pub/sub
 plus a poll, as a gateway does) and, when the count for its arm changes, asks the replica to
 apply it (in its forward thread, between batches: torch's thread count is per thread, and a

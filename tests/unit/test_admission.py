@@ -4,6 +4,7 @@ cap, the memory cap, the door, and a request that leaves freeing its place at on
 import pytest
 
 from serve.gateway.admission import (
+    BUSY_LOOP_SHARE,
     RATE_WINDOW_S,
     SHEDDING_S,
     Admission,
@@ -223,6 +224,7 @@ def test_the_snapshot_shows_each_arms_queue_and_prediction():
     admission.queue("baseline").add(100, 0.0)
     snap = admission.snapshot()
     assert snap["ceiling"] == 128 and snap["in_flight"] == 0 and snap["loop_lag_ms"] == 0
+    assert snap["loop_cpu_share"] == 0
     assert snap["arms"]["baseline"] == {"rows": 100, "rate_per_s": 200.0, "forward_ms": 50.0,
                                         "predicted_ms": 550.0}
 
@@ -287,3 +289,63 @@ def test_a_replica_is_shedding_for_a_second_after_each_refusal_wherever_it_refus
     clock.now += SHEDDING_S + 0.01
     admission.refused()  # a refusal at the door, reported by serve.gateway.ingress's caller
     assert admission.shedding() and admission.shed == 3
+
+
+def test_the_loops_cpu_share_is_its_threads_cpu_time_over_wall_time_per_window():
+    """`LoopLag.sample` (on the loop's thread) closes a window once `share_window_s` of wall
+    time has passed, and averages the window's CPU seconds over its wall seconds in."""
+    wall, cpu = Clock(), Clock()
+    lag = LoopLag(share_window_s=0.25, share_weight=0.5, thread_time=cpu, clock=wall)
+    lag.sample()  # the first window opens
+    wall.now += 0.1
+    cpu.now += 0.1
+    lag.sample()
+    assert lag.cpu_share == 0.0  # the window is not over yet
+    wall.now += 0.4
+    cpu.now += 0.3
+    lag.sample()  # 0.4 CPU seconds over 0.5 wall seconds, half weight
+    assert lag.cpu_share == pytest.approx(0.4)
+    wall.now += 0.5
+    lag.sample()  # an idle window
+    assert lag.cpu_share == pytest.approx(0.2)
+    wall.now += 0.5
+    cpu.now += 2.0  # more CPU than wall time (a clock's granularity): one core at most
+    lag.sample()
+    assert lag.cpu_share == pytest.approx(0.6)
+
+
+def test_the_loop_task_measures_the_cpu_its_own_thread_spends():
+    import asyncio
+    import time
+
+    lag = LoopLag(every_s=0.005, share_window_s=0.05, share_weight=1.0)
+
+    async def main():
+        task = asyncio.create_task(lag.run())
+        await asyncio.sleep(0.2)
+        idle = lag.cpu_share
+        spun = time.thread_time() + 0.3
+        while time.thread_time() < spun:  # the loop's thread computing, as when it parses
+            pass
+        await asyncio.sleep(0.01)
+        task.cancel()
+        return idle
+
+    idle = asyncio.run(main())
+    assert idle < BUSY_LOOP_SHARE
+    assert lag.cpu_share > BUSY_LOOP_SHARE
+
+
+def test_a_loop_is_busy_while_shedding_or_while_it_spends_a_share_of_a_core():
+    """`loop_busy()` (what a colocated model's batches ask before leaving the loop a core)."""
+    clock = Clock()
+    admission = measured(rate=100, clock=clock)
+    assert not admission.loop_busy()
+    admission.loop.cpu_share = BUSY_LOOP_SHARE
+    assert admission.loop_busy()
+    admission.loop.cpu_share = BUSY_LOOP_SHARE - 0.01
+    assert not admission.loop_busy()
+    admission.refused()
+    assert admission.loop_busy()
+    clock.now += SHEDDING_S + 0.01
+    assert not admission.loop_busy()
