@@ -10,6 +10,11 @@ a `Retry-After`) only when its *predicted completion* passes that deadline:
 
 - *Rows ahead* (`ArmQueue.rows`): the inputs this replica has admitted for the arm and not yet
   had answered (queued here, in the model's queue, or in a forward).
+  In the colocated topology both arms' forwards take turns on one compute thread
+  (`shared_compute`): the other arm's rows ahead, at its rate, are ahead of this arm's too.
+  Without them, at canary 50 % each arm admitted what it alone could answer within the
+  deadline, and answered it in twice that (the burst drill, 32 long texts per request: 504s
+  for most admitted requests).
 - *Measured rate* (`ArmQueue.rate`, rows per second), the higher of two measurements:
   - the rate of a full batch (`ForwardFit`): the forwards answers rode in, as their time
     against their batch's inputs, fitted to `time = fixed + per_row x rows` (exponentially
@@ -32,7 +37,11 @@ propagates deadlines). The memory cap stays: with `ceiling` requests in flight a
 refused at once. `Retry-After` is the time until the work ahead would have drained to within the
 request's deadline, in whole seconds, at least 1.
 
-A request's rows leave the count when its model call ends, however it ends: an answer, a
+A request's rows count from its judgement (`Slot.reserve`: requests that arrive together are
+judged in turn, each behind those admitted before it, though each then awaits its tokenizing
+before its call; judged on rows counted only once calls started, a burst of 200 large requests
+on an empty queue was admitted whole, and most of it answered 504). They leave the count when
+its model call ends, however it ends: an answer, a
 failure, or the client gone (its task cancelled), so nobody is refused because of work nobody
 waits for. Rows of a canary call that falls back move to the baseline's count.
 
@@ -180,6 +189,11 @@ class ArmQueue:
             return self.fit.time_s(rows)
         return rows / (self.rate or 1.0)
 
+    def drain_s(self) -> float:
+        """Seconds until the rows ahead are answered, at the measured rate (0 before it)."""
+        rate = self.rate
+        return 0.0 if rate is None else self.rows / rate
+
     def predicted_s(self, rows: int) -> float:
         """Seconds until `rows` more would be answered: the rows ahead at the measured rate,
         then their own forward (0 before the first measurement: nothing to predict from)."""
@@ -197,18 +211,39 @@ class ArmQueue:
 
 @dataclass
 class Slot:
-    """One admitted request: the arm its rows are counted on, while its model call runs."""
+    """One admitted request: the arm its rows are counted on, from its judgement (`reserve`)
+    until its model call ends (`counted`)."""
 
     admission: Admission
     arm: str | None = None
     rows: int = 0
+    reserved: tuple[str, int] | None = None  # (arm, rows) judged and counted, not yet called
+
+    def reserve(self, arm: str, rows: int) -> None:
+        """Count `rows` on `arm` from its judgement on, so that requests judged after it, while
+        it awaits (its tokenizing), are judged behind them; the call that follows takes them
+        over (`counted`), and leaving the slot gives them back if none does."""
+        self.release()
+        self.admission.queue(arm).add(rows, self.admission.clock())
+        self.reserved = (arm, rows)
+
+    def release(self) -> None:
+        """Give back rows reserved for a call that did not start."""
+        if self.reserved is not None:
+            arm, rows = self.reserved
+            self.reserved = None
+            self.admission.queue(arm).remove(rows, self.admission.clock(), answered=False)
 
     @contextmanager
     def counted(self, arm: str, rows: int) -> Iterator[None]:
         """`rows` count on `arm` for the block (a model call); they leave when it ends, however
         it ends. The block's caller reports an answer with `answered`."""
         queue = self.admission.queue(arm)
-        queue.add(rows, self.admission.clock())
+        if self.reserved == (arm, rows):
+            self.reserved = None  # already counted since its judgement
+        else:
+            self.release()
+            queue.add(rows, self.admission.clock())
         self.arm, self.rows = arm, rows
         answered = False
         try:
@@ -291,6 +326,9 @@ class Admission:
 
     ceiling: int
     batch_rows: int = 1  # inputs a full batch carries at least (`max_batch_size`)
+    # the arms' forwards take turns on one compute thread (the colocated topology): the rows
+    # ahead of every arm are ahead of each
+    shared_compute: bool = False
     arms: dict[str, ArmQueue] = field(default_factory=dict)
     loop: LoopLag = field(default_factory=LoopLag)
     clock: Callable[[], float] = time.monotonic
@@ -332,6 +370,7 @@ class Admission:
         return self.shedding() or self.loop.cpu_share >= share
 
     def leave(self, slot: Slot) -> None:
+        slot.release()
         self.in_flight -= 1
 
     @contextmanager
@@ -344,10 +383,18 @@ class Admission:
             if slot is not None:
                 self.leave(slot)
 
+    def predicted_s(self, arm: str, rows: int) -> float:
+        """Seconds until `rows` more for `arm` would be answered: its queue's prediction, and
+        with `shared_compute` the other arms' rows ahead too, at their rates."""
+        predicted = self.queue(arm).predicted_s(rows)
+        if self.shared_compute:
+            predicted += sum(q.drain_s() for other, q in self.arms.items() if other != arm)
+        return predicted
+
     def judge(self, arm: str, rows: int, timeout_s: float) -> Refusal | None:
         """A Refusal when `rows` more for `arm` would be answered after `timeout_s` (counted
         as shed), else None."""
-        predicted = self.queue(arm).predicted_s(rows)
+        predicted = self.predicted_s(arm, rows)
         if predicted <= timeout_s:
             return None
         self.refused()
@@ -356,7 +403,7 @@ class Admission:
     def late(self, arm: str, rows: int, timeout_s: float) -> bool:
         """Whether `rows` more for `arm` would be answered after `timeout_s` (not counted: the
         gateway gives a late canary's request to the baseline instead of refusing it)."""
-        return self.queue(arm).predicted_s(rows) > timeout_s
+        return self.predicted_s(arm, rows) > timeout_s
 
     def door(self, timeout_s: float) -> int | None:
         """Before the body or the arm is known: a Retry-After when the request cannot be
@@ -366,7 +413,7 @@ class Admission:
         if self.in_flight >= self.ceiling:
             return 1
         timeout_s -= self.loop.lag_s
-        busy = [q.predicted_s(1) for q in self.arms.values() if q.rows > 0]
+        busy = [self.predicted_s(arm, 1) for arm, q in self.arms.items() if q.rows > 0]
         if busy and min(busy) > timeout_s:
             return retry_after_s(min(busy), timeout_s)
         return None
@@ -376,7 +423,9 @@ class Admission:
         return {"in_flight": self.in_flight, "ceiling": self.ceiling, "shed": self.shed,
                 "loop_lag_ms": round(self.loop.lag_s * 1000, 1),
                 "loop_cpu_share": round(self.loop.cpu_share, 2),
-                "arms": {arm: q.snapshot() for arm, q in sorted(self.arms.items())}}
+                "arms": {arm: {**q.snapshot(),
+                               "predicted_ms": round(self.predicted_s(arm, 1) * 1000, 1)}
+                         for arm, q in sorted(self.arms.items())}}
 
 
 def _averaged(average: float | None, sample: float, weight: float) -> float:

@@ -31,7 +31,7 @@ from serve.common.errors import (
     ModelTimeout,
     Overloaded,
 )
-from serve.gateway.admission import Admission, ShedSummary
+from serve.gateway.admission import Admission, ShedSummary, Slot
 from serve.gateway.coalesce import Coalescer
 from serve.gateway.exchange import Exchange
 from serve.recipes.source import Encoded
@@ -86,13 +86,15 @@ class Arms:
                            hold_s=batching.batch_wait_ms / 1000)
             for arm in handles}
 
-    def admit(self, arm: Arm, rows: int, timeout_s: float) -> None:
+    def admit(self, arm: Arm, rows: int, timeout_s: float, slot: Slot) -> None:
         """Overloaded (503 with Retry-After, counted as shed) when `rows` more for `arm` would
-        be answered after `timeout_s` (serve.gateway.admission)."""
+        be answered after `timeout_s` (serve.gateway.admission); else the rows count on the
+        arm's queue from now (`slot.reserve`), until the request's call for them ends."""
         refusal = self.admission.judge(arm.value, rows, timeout_s)
         if refusal is not None:
             self.shed_summary.shed()
             raise Overloaded(refusal.message(arm.value), retry_after=refusal.retry_after)
+        slot.reserve(arm.value, rows)
 
     async def call_with_fallback(
         self, ex: Exchange, arm: Arm, texts: list[str], task: str
@@ -118,7 +120,7 @@ class Arms:
             log.warning("request %s: optimized arm failed (%s), retrying on baseline",
                         rid, exc.type)
         # the retry would miss the deadline too: shed, not a 504
-        self.admit(Arm.BASELINE, rows_of(texts), ex.deadline - time.perf_counter())
+        self.admit(Arm.BASELINE, rows_of(texts), ex.deadline - time.perf_counter(), ex.slot)
         return await self.call(ex, Arm.BASELINE, texts, task, ex.deadline), True
 
     async def call(

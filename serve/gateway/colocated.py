@@ -3,11 +3,11 @@
 With `CANARY_TOPOLOGY=colocated` a gateway replica routes, tokenizes and runs the chosen arm's
 model in its own process: no second Ray hop (handle call, the core worker's gRPC threads,
 serialization both ways) per request. Each arm is a `serve.replica.model_server.ModelServer`
-instance of its own, with its own batching, forward thread, thread count (compute follows the
-share; while the gateway's event loop is busy, a batch leaves it a core: `share_loop`) and fault
-injection, called through `LocalHandle`, which answers the calls the gateway makes of a
-`DeploymentHandle` (`handle.predict.remote(...)`), so the request path, the shadow, admission
-and fallback are the same code in both topologies.
+instance of its own, with its own batching and fault injection; their forwards take turns on
+the process's one compute thread, each batch on every core (`load`; one fewer while the
+gateway's event loop is busy: `share_loop`). Each is called through `LocalHandle`, which
+answers the calls the gateway makes of a `DeploymentHandle` (`handle.predict.remote(...)`), so
+the request path, the shadow, admission and fallback are the same code in both topologies.
 
 The remote topology (one Serve deployment per arm) stays for arms that must scale on their own:
 large models, a GPU per arm, a cluster ([production](../docs/production.md#the-topology)).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import Callable
 
 from rollout.policy import Arm
@@ -62,12 +63,21 @@ class LocalHandle:
 
 async def load(settings: Settings) -> dict[str, LocalHandle]:
     """Both arms' model servers, built one after the other off the event loop (a build may
-    take minutes: `auto` measuring, a calibrated artifact)."""
+    take minutes: `auto` measuring, a calibrated artifact). Their forwards take turns on the
+    process's one compute thread (serve.replica.compute), so each batch runs on every core
+    (`ModelServer.take_turns`) rather than on its arm's share of them: at canary 50 % two
+    batches on one thread each would leave a core idle."""
     from serve.replica.model_server import ModelServer
 
     server_class = ModelServer.func_or_class
-    return {arm: LocalHandle(await asyncio.to_thread(server_class, settings, arm))
-            for arm in ARMS}
+    threads = settings.torch_threads or os.cpu_count() or 1
+
+    def built(arm: str) -> ModelServer:
+        server = server_class(settings, arm)
+        server.take_turns(threads)  # one compute thread for both: each batch on every core
+        return server
+
+    return {arm: LocalHandle(await asyncio.to_thread(built, arm)) for arm in ARMS}
 
 
 def share_loop(handles: dict[str, LocalHandle], busy: Callable[[], bool]) -> None:

@@ -156,7 +156,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings, settings)
         self.admission = Admission(ceiling=settings.gateway_max_in_flight,
-                                   batch_rows=settings.max_batch_size)
+                                   batch_rows=settings.max_batch_size,
+                                   shared_compute=self.local is not None)
         self.shed_summary = ShedSummary(self.admission, log.warning)
         if self.local is not None:  # the models' batches leave a shedding loop a core
             colocated.share_loop(self.local, self.admission.loop_busy)
@@ -392,7 +393,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
             arm.value, len(texts), min(left, ex.timeout_s * self.settings.canary_timeout_fraction))
         if rerouted:
             arm = Arm.BASELINE
-        self.arms.admit(arm, len(texts), left)
+        self.arms.admit(arm, len(texts), left, ex.slot)
         inputs = await self.preprocess.encode(texts)
         answer, fallback = await self.arms.call_with_fallback(ex, arm, inputs, task)
         return answer, fallback or rerouted

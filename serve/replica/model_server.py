@@ -174,6 +174,16 @@ class ModelServer:
         before each of this arm's batches, as another arm may share the thread)."""
         self._compute_thread.submit(self._set_threads, threads)
 
+    def take_turns(self, threads: int) -> None:
+        """Share the process's compute thread with another arm's server (serve.gateway.colocated):
+        their batches take turns on it, one at a time, so each runs on `threads` (every core,
+        unless `CANARY_TORCH_THREADS` pins a count) whatever share of the traffic its arm
+        carries, and the share is no longer followed. Waits until the count is applied."""
+        if self.compute is not None:
+            self.compute.stop()
+            self.compute = None
+        compute.run(self._set_threads, threads)
+
     def _set_threads(self, threads: int) -> None:
         resize = getattr(self.variant.model, "resize", None)
         if resize is not None:

@@ -349,3 +349,55 @@ def test_a_loop_is_busy_while_shedding_or_while_it_spends_a_share_of_a_core():
     assert admission.loop_busy()
     clock.now += SHEDDING_S + 0.01
     assert not admission.loop_busy()
+
+
+def test_arms_that_share_one_compute_thread_count_each_others_rows_ahead():
+    """`shared_compute` (the colocated topology): the other arm's rows ahead, at its rate,
+    come before this arm's answer, in the judgement, the canary's lateness, the door and the
+    snapshot; without it (remote arms) each arm's own queue alone."""
+    def two_arms(shared: bool) -> Admission:
+        clock = Clock()
+        admission = Admission(ceiling=128, clock=clock, shared_compute=shared)
+        for arm in ("baseline", "optimized"):
+            queue = admission.queue(arm)
+            rows = int(100 * RATE_WINDOW_S * 2)
+            queue.add(rows, clock())
+            clock.now += rows / 100
+            queue.remove(rows, clock(), answered=True)
+            queue.forwarded(0.02, 1)
+        admission.queue("baseline").add(50, clock())  # 0.5 s ahead
+        admission.queue("optimized").add(80, clock())  # 0.8 s ahead
+        return admission
+
+    alone, shared = two_arms(False), two_arms(True)
+    assert alone.predicted_s("optimized", 1) == pytest.approx(0.82)
+    assert shared.predicted_s("optimized", 1) == pytest.approx(1.32)
+    assert shared.predicted_s("baseline", 1) == pytest.approx(1.32)
+    assert alone.judge("optimized", 1, timeout_s=1.0) is None
+    refusal = shared.judge("optimized", 1, timeout_s=1.0)
+    assert refusal is not None and refusal.predicted_s == pytest.approx(1.32)
+    assert not alone.late("baseline", 1, 1.0) and shared.late("baseline", 1, 1.0)
+    assert alone.door(1.0) is None and shared.door(1.0) == 1
+    assert shared.snapshot()["arms"]["optimized"]["predicted_ms"] == pytest.approx(1320.0)
+    assert alone.snapshot()["arms"]["optimized"]["predicted_ms"] == pytest.approx(820.0)
+
+
+def test_rows_count_from_the_judgement_and_come_back_when_no_call_follows():
+    """`Slot.reserve` counts a judged request's rows at once; its call takes them over
+    (counted once), a call on another arm (the baseline fallback) moves them, and leaving the
+    slot without a call gives them back."""
+    admission = measured(rate=100)
+    queue = admission.queue("baseline")
+    slot = admission.enter()
+    slot.reserve("baseline", 40)
+    assert queue.rows == 40
+    with slot.counted("baseline", 40):
+        assert queue.rows == 40  # not twice
+    assert queue.rows == 0 and slot.reserved is None
+
+    slot.reserve("optimized", 10)
+    with slot.counted("baseline", 10):  # a reroute to the baseline
+        assert queue.rows == 10 and admission.queue("optimized").rows == 0
+    slot.reserve("baseline", 25)
+    admission.leave(slot)  # the request ended before its call (an error, the client gone)
+    assert queue.rows == 0 and admission.in_flight == 0

@@ -282,3 +282,40 @@ def test_a_colocated_server_leaves_a_shedding_loop_a_core(two_servers, monkeypat
     assert len(seen) == 4  # one batch per request
     assert seen[0] == 1  # three waited behind the first
     assert seen[-1] == 2  # nothing behind the last
+
+
+def test_colocated_arms_take_turns_on_every_core_and_stop_following_the_share(
+        tmp_path_factory, monkeypatch):
+    """Both arms' batches run one at a time on the process's compute thread, so `load` gives
+    each every core (`take_turns`) instead of its arm's share, and a server that followed the
+    share stops following it; a count pinned by `CANARY_TORCH_THREADS` is kept."""
+    from ray.serve.batching import _BatchQueue
+
+    from serve.gateway import colocated
+    from tests.tiny_model import make_tiny_encoder
+
+    monkeypatch.setattr(_BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
+                        lambda self: None)
+    monkeypatch.setattr(colocated.os, "cpu_count", lambda: 2)
+    model = str(make_tiny_encoder(tmp_path_factory.mktemp("enc")))
+    settings = Settings(model_path=model, optimized_recipe="bf16", telemetry_enabled=False,
+                        compute_follows_share=False)
+    assert settings.threads_per_model() == 1  # the share of one of two arms on 2 cores
+    handles = asyncio.run(colocated.load(settings))
+    assert {arm: h.server.threads for arm, h in handles.items()} == {
+        "baseline": 2, "optimized": 2}
+    assert all(h.server.compute is None for h in handles.values())
+
+    pinned = asyncio.run(colocated.load(settings.model_copy(update={"torch_threads": 1})))
+    assert {h.server.threads for h in pinned.values()} == {1}
+
+    class Follower:
+        stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+    server = handles["baseline"].server
+    server.compute = follower = Follower()
+    server.take_turns(1)
+    assert follower.stopped and server.compute is None and server.threads == 1
