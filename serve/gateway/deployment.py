@@ -155,11 +155,10 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         self._open_telemetry(settings, settings)
         self.store = open_store(settings)
         self.idempotency = Idempotency(settings, settings)
-        self.admission = Admission(ceiling=settings.gateway_max_in_flight,
-                                   batch_rows=settings.max_batch_size,
+        self.admission = Admission(settings.gateway_max_in_flight, settings.max_batch_size,
                                    shared_compute=self.local is not None)
         self.shed_summary = ShedSummary(self.admission, log.warning)
-        if self.local is not None:  # the models' batches leave a shedding loop a core
+        if self.local is not None:  # the models' batches leave a busy loop a core
             colocated.share_loop(self.local, self.admission.loop_busy)
         self._lag_task = asyncio.get_running_loop().create_task(self.admission.loop.run())
         # serve.gateway.ingress: the body deadline and limits, and shedding before Serve's handling
