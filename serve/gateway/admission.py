@@ -12,9 +12,6 @@ a `Retry-After`) only when its *predicted completion* passes that deadline:
   had answered (queued here, in the model's queue, or in a forward).
   In the colocated topology both arms' forwards take turns on one compute thread
   (`shared_compute`): the other arm's rows ahead, at its rate, are ahead of this arm's too.
-  Without them, at canary 50 % each arm admitted what it alone could answer within the
-  deadline, and answered it in twice that (the burst drill, 32 long texts per request: 504s
-  for most admitted requests).
 - *Measured rate* (`ArmQueue.rate`, rows per second), the higher of two measurements:
   - the rate of a full batch (`ForwardFit`): the forwards answers rode in, as their time
     against their batch's inputs, fitted to `time = fixed + per_row x rows` (exponentially
@@ -37,13 +34,13 @@ propagates deadlines). The memory cap stays: with `ceiling` requests in flight a
 refused at once. `Retry-After` is the time until the work ahead would have drained to within the
 request's deadline, in whole seconds, at least 1.
 
-A request's rows count from its judgement (`Slot.reserve`: requests that arrive together are
-judged in turn, each behind those admitted before it, though each then awaits its tokenizing
-before its call; judged on rows counted only once calls started, a burst of 200 large requests
-on an empty queue was admitted whole, and most of it answered 504). They leave the count when
-its model call ends, however it ends: an answer, a
-failure, or the client gone (its task cancelled), so nobody is refused because of work nobody
-waits for. Rows of a canary call that falls back move to the baseline's count.
+A request's rows count from its judgement (`Slot.reserve`), though it then awaits its tokenizing
+before its model call: requests that arrive together are judged in turn, each behind those
+admitted before it. (Counted only once calls started, a burst of 200 large requests on an empty
+queue was admitted whole, and most of it answered 504.) They leave the count when its model call
+ends, however it ends: an answer, a failure, or the client gone (its task cancelled), so nobody
+is refused because of work nobody waits for. Rows of a canary call that falls back move to the
+baseline's count.
 
 `door(timeout_s)` is the same judgement before the request's body is read or its arm known
 (serve.gateway.ingress): it refuses only when every arm with work outstanding would miss the
