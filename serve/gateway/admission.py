@@ -194,10 +194,9 @@ class ArmQueue:
     def predicted_s(self, rows: int) -> float:
         """Seconds until `rows` more would be answered: the rows ahead at the measured rate,
         then their own forward (0 before the first measurement: nothing to predict from)."""
-        rate = self.rate
-        if rate is None:
+        if self.rate is None:
             return 0.0
-        return self.rows / rate + self.own_forward_s(rows)
+        return self.drain_s() + self.own_forward_s(rows)
 
     def snapshot(self) -> dict:
         rate = self.rate

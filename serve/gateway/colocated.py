@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 from collections.abc import Callable
 
 from rollout.policy import Arm
@@ -67,10 +66,10 @@ async def load(settings: Settings) -> dict[str, LocalHandle]:
     process's one compute thread (serve.replica.compute), so each batch runs on every core
     (`ModelServer.take_turns`) rather than on its arm's share of them: at canary 50 % two
     batches on one thread each would leave a core idle."""
-    from serve.replica.model_server import ModelServer
+    from serve.replica.model_server import ModelServer, startup_threads
 
     server_class = ModelServer.func_or_class
-    threads = settings.torch_threads or os.cpu_count() or 1
+    threads = startup_threads(settings)  # every core, unless CANARY_TORCH_THREADS pins a count
 
     def built(arm: str) -> ModelServer:
         server = server_class(settings, arm)

@@ -118,7 +118,8 @@ class ModelServer:
         """The replica's composition root: `settings` holds every group (rollout.settings),
         and each component is handed the groups its signature names."""
         # in the gateway's process (serve.gateway.colocated `share_loop`): whether its event
-        # loop is busy shedding, so that a batch with a backlog leaves it a core
+        # loop is busy (shedding, or a share of a core), so that a batch with a backlog leaves
+        # it a core
         self.loop_busy: Callable[[], bool] | None = None
         share = settings.threads_per_model()
         self.arm = arm

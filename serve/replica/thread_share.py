@@ -35,6 +35,7 @@ avx512_vnni), colocated, canary 0 %:
   against 4.9; with 8-text requests it spends 0.12-0.17 and the batches keep both threads
   (on any backlog they lost 15-35 % at concurrency 64), and at concurrency 8 nothing waits
   behind a batch (one thread there cost 10-15 %).
+
 Mechanism (`ComputeFollower`): the replica watches the rollout state (rollout.watcher, pub/sub
 plus a poll, as a gateway does) and, when the count for its arm changes, asks the replica to
 apply it (in its forward thread, between batches: torch's thread count is per thread, and a

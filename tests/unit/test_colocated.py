@@ -2,6 +2,7 @@
 each topology (serve.config.build)."""
 
 import asyncio
+import os
 import threading
 
 import pytest
@@ -296,7 +297,7 @@ def test_colocated_arms_take_turns_on_every_core_and_stop_following_the_share(
 
     monkeypatch.setattr(_BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
                         lambda self: None)
-    monkeypatch.setattr(colocated.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     model = str(make_tiny_encoder(tmp_path_factory.mktemp("enc")))
     settings = Settings(model_path=model, optimized_recipe="bf16", telemetry_enabled=False,
                         compute_follows_share=False)
