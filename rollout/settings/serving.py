@@ -78,7 +78,8 @@ class ServingSettings(BaseSettings):
     )
     canary_timeout_fraction: float = Field(
         0.5, gt=0, le=1, description="share of that deadline the optimized model gets; the "
-        "rest is kept for the retry on baseline"
+        "rest is kept for the retry on baseline (colocated: a canary predicted past it keeps "
+        "the whole deadline unless the baseline would answer sooner)"
     )
     retry_budget_ratio: float = Field(
         0.2, ge=0, le=1, description="fallback retries allowed per canary call over 10 s, so a "

@@ -401,6 +401,15 @@ class Admission:
         gateway gives a late canary's request to the baseline instead of refusing it)."""
         return self.predicted_s(arm, rows) > timeout_s
 
+    def sooner(self, arm: str, than: str, rows: int) -> bool:
+        """Whether `rows` more would be answered sooner on `arm` than on `than`, where that
+        decides anything: with `shared_compute` both wait behind the same rows ahead, so the
+        arm with the faster forward answers first; remote arms each have their own queue and
+        model, and this says True (the late arm's queue is the one to leave)."""
+        if not self.shared_compute:
+            return True
+        return self.predicted_s(arm, rows) < self.predicted_s(than, rows)
+
     def door(self, timeout_s: float) -> int | None:
         """Before the body or the arm is known: a Retry-After when the request cannot be
         served (at the memory cap, or every arm with work would miss `timeout_s`, less what it

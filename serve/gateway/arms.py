@@ -97,16 +97,20 @@ class Arms:
         slot.reserve(arm.value, rows)
 
     async def call_with_fallback(
-        self, ex: Exchange, arm: Arm, texts: list[str], task: str
+        self, ex: Exchange, arm: Arm, texts: list[str], task: str, *, retry_share: bool = True
     ) -> tuple[ModelAnswer, bool]:
         """The answer and whether it came from the baseline retry: a failed canary call is
         retried once on baseline, within the deadline and the retry budget, when the baseline
         can still answer in the time left (else the request is shed, 503 with Retry-After,
-        rather than timed out); a baseline failure is never retried on the canary."""
+        rather than timed out); a baseline failure is never retried on the canary.
+        `retry_share`: the canary call leaves the retry its share of the deadline
+        (`canary_timeout_fraction`); without it (a canary predicted past its share that the
+        baseline would answer no sooner) the call has the whole deadline."""
         first_deadline, rid = ex.deadline, ex.rid
-        if arm is Arm.OPTIMIZED:  # leave the baseline retry its share of the deadline
+        if arm is Arm.OPTIMIZED and retry_share:  # leave the baseline retry its share
             share = ex.timeout_s * self.canary_timeout_fraction
             first_deadline = min(ex.deadline, time.perf_counter() + share)
+        if arm is Arm.OPTIMIZED:
             self.retry_budget.record_call()
         try:
             return await self.call(ex, arm, texts, task, first_deadline), False

@@ -65,15 +65,19 @@ async def load(settings: Settings) -> dict[str, LocalHandle]:
     take minutes: `auto` measuring, a calibrated artifact). Their forwards take turns on the
     process's one compute thread (serve.replica.compute), so each batch runs on every core
     (`ModelServer.take_turns`) rather than on its arm's share of them: at canary 50 % two
-    batches on one thread each would leave a core idle."""
+    batches on one thread each would leave a core idle. Their batches run in the order their
+    requests arrived (serve.replica.turns)."""
     from serve.replica.model_server import ModelServer, startup_threads
+    from serve.replica.turns import Turns
 
     server_class = ModelServer.func_or_class
     threads = startup_threads(settings)  # every core, unless CANARY_TORCH_THREADS pins a count
+    turns = Turns()  # their batches in the order their requests arrived
 
     def built(arm: str) -> ModelServer:
         server = server_class(settings, arm)
         server.take_turns(threads)  # one compute thread for both: each batch on every core
+        server.turns = turns
         return server
 
     return {arm: LocalHandle(await asyncio.to_thread(built, arm)) for arm in ARMS}

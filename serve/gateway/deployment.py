@@ -386,15 +386,20 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         baseline fallback; refused at once (503) when the arm would answer after the deadline
         (serve.gateway.admission). The canary is judged against its share of the deadline (what its
         call gets, `canary_timeout_fraction`): when it cannot answer within it, the baseline
-        answers instead (a fallback), and nothing is refused for it."""
+        answers instead (a fallback), and nothing is refused for it. Where both arms share one
+        compute thread (colocated), the baseline waits behind the same rows ahead at its slower
+        pace: a late canary's request then stays on the canary, with the whole deadline, unless
+        the baseline would answer it sooner (`Admission.sooner`)."""
         left = ex.deadline - time.perf_counter()
-        rerouted = arm is Arm.OPTIMIZED and self.admission.late(
+        late = arm is Arm.OPTIMIZED and self.admission.late(
             arm.value, len(texts), min(left, ex.timeout_s * self.settings.canary_timeout_fraction))
+        rerouted = late and self.admission.sooner(Arm.BASELINE.value, arm.value, len(texts))
         if rerouted:
             arm = Arm.BASELINE
         self.arms.admit(arm, len(texts), left, ex.slot)
         inputs = await self.preprocess.encode(texts)
-        answer, fallback = await self.arms.call_with_fallback(ex, arm, inputs, task)
+        answer, fallback = await self.arms.call_with_fallback(
+            ex, arm, inputs, task, retry_share=not late)
         return answer, fallback or rerouted
 
     def _respond(self, answer: ModelAnswer, fallback: bool, routing: str, task: str,

@@ -38,6 +38,7 @@ from serve.replica.cputime import ForwardClock, burn_cpu, shares
 from serve.replica.faults import Faults
 from serve.replica.memory_trim import Trimmer, release_free_memory
 from serve.replica.thread_share import ComputeFollower, beside_loop
+from serve.replica.turns import Turns
 from serve.telemetry.otel import Telemetry
 from serve.telemetry.tracing import Marks, WallClock, record_model_spans
 
@@ -56,7 +57,26 @@ class _Queued:
         if self.waiting:
             self.waiting = False
             self.server.waiting -= 1
+            if self.server.turns is not None:
+                self.server.turns.left(self.server, self)
 
+
+
+def _expiry(deadlines: list[float | None], estimate_s: float):
+    """A forward's test of its request `i` (called on the compute thread before each chunk,
+    the first call at the forward's start): whether its deadline passes before the forward's
+    estimated end (or now, once past it). Nobody would wait for that answer, and each chunk
+    counts earlier ones once."""
+    ends_at: float | None = None  # every answer waits for the end
+
+    def expired(request: int) -> bool:
+        nonlocal ends_at
+        if ends_at is None:
+            ends_at = time.monotonic() + estimate_s
+        end = max(ends_at, time.monotonic())
+        return deadlines[request] is not None and end >= deadlines[request]
+
+    return expired
 
 @dataclass
 class _Forwarded:
@@ -134,6 +154,9 @@ class ModelServer:
         self.forward_clock = ForwardClock(self.variant.device)
         self._compute_thread = compute.executor()
         self.waiting = 0  # requests queued for a batch in this replica
+        # shared with the other arm's server on one compute thread (serve.gateway.colocated):
+        # batches run in the order their requests arrived (serve.replica.turns)
+        self.turns: Turns | None = None
         # `@serve.batch` on the method would keep one queue per class in a process: two arms
         # in one process (serve.gateway.colocated) would share their batches. One queue per server.
         self._batched = serve.batch(max_batch_size=16,
@@ -305,6 +328,8 @@ class ModelServer:
         for the batch's forward."""
         self._batch_window()
         self.waiting += 1
+        if self.turns is not None:
+            self.turns.queued(self, item, item.enqueued)
         try:
             return await self._batched(item)
         finally:
@@ -326,9 +351,11 @@ class ModelServer:
         """A merged batch's work on the compute thread (serve.replica.compute): its forwards
         under the token budget, timed, then each answered request's postprocessing (label
         scores are a matmul: off the compute thread it would start a second OpenMP team).
-        Returns the rows per request, the forwards' seconds, when they ended, and per request
-        its outputs (or the exception that fails it alone) with when its postprocessing started
-        and ended. `threads`: torch's count for it (`_batch_threads`)."""
+        Returns the rows per request, the forwards' seconds, when this work started on the
+        thread and when the forwards ended, and per request its outputs (or the exception that
+        fails it alone) with when its postprocessing started and ended. `threads`: torch's
+        count for it (`_batch_threads`)."""
+        began = time.perf_counter()
         ensure_threads(threads)
         rows, forward_cpu_s = self.forward_clock.timed(
             run_budgeted, [item.encoded.ids for item in queued], self._forward,
@@ -345,7 +372,7 @@ class ModelServer:
             except Exception as exc:  # this request's own failure (a task the model lacks)
                 outputs = exc
             posts.append((outputs, start, time.perf_counter()))
-        return rows, forward_cpu_s, forward_end, posts
+        return rows, forward_cpu_s, began, forward_end, posts
 
     def _answer(self, outputs: list[dict], encoded: Encoded, forwarded: _Forwarded,
                 marks: Marks, queue_length: int) -> ModelAnswer:
@@ -385,7 +412,15 @@ class ModelServer:
                            queue_length=queue_length, batch=batch, error=error)
 
     async def _forward_batch(self, queued: list[_Queued]) -> list[_Forwarded]:
-        """A batch `_batched` merged, forwarded on the compute thread under the token budget."""
+        """A batch `_batched` merged, forwarded on the compute thread under the token budget.
+
+        In the colocated topology, where both arms share the thread, it first waits for the
+        other arm's batches of requests that arrived before its own (`turns`,
+        serve.replica.turns). Its model time runs from when the compute thread takes it up:
+        that wait, and one behind another batch on the thread, count as queue. The admission's
+        fit of forward time against rows (serve.gateway.admission `ForwardFit`) and the seconds
+        per token estimating the next forward read the forward alone: the colocated admission
+        counts the other arm's rows ahead itself (`shared_compute`)."""
         started = time.perf_counter()
         for item in queued:
             item.leave()
@@ -397,39 +432,39 @@ class ModelServer:
             raise RuntimeError(f"injected fault in the {self.arm} model")
         batch = [item.encoded for item in queued]
         loop = asyncio.get_running_loop()
-        forward_start = time.perf_counter()
+        submitted = time.perf_counter()
+        if self.turns is not None:  # after the other arm's requests that arrived earlier
+            await self.turns.wait(self, min(item.enqueued for item in queued))
         tokens = max(sum(item.tokens for item in batch), 1)
         self._forwarding += 1
-        self._forward_started = forward_start
-        self._forward_estimate_s = self._s_per_token * tokens
-        deadlines = [item.deadline for item in queued]
-        ends_at = time.monotonic() + self._forward_estimate_s  # every answer waits for the end
-
-        def expired(request: int) -> bool:
-            """Its deadline passes before this forward's estimated end (or now, once past
-            it): nobody will wait for the answer, and each chunk counts earlier ones once."""
-            end = max(ends_at, time.monotonic())
-            return deadlines[request] is not None and end >= deadlines[request]
-
+        self._forward_started = submitted
+        self._forward_estimate_s = estimate_s = self._s_per_token * tokens
+        expired = _expiry([item.deadline for item in queued], estimate_s)
         try:
-            rows, forward_cpu_s, forward_end, posts = await loop.run_in_executor(
+            rows, forward_cpu_s, forward_start, forward_end, posts = await loop.run_in_executor(
                 self._compute_thread, self._computed, queued, expired, self._batch_threads())
         finally:
             self._forwarding -= 1
+        self._forwarded(rows, tokens)
+        self._s_per_token = (forward_end - forward_start) / tokens
+        waited = max(0.0, forward_start - submitted)  # behind the other arm's batches
+        model_ms = _ms(forward_end - started - waited)
+        items = sum(len(item.ids) for item in batch)
+        cpu = shares(forward_cpu_s, [len(item.ids) for item in batch], rows)
+        return [
+            _Forwarded(r, _ms(started - item.enqueued + waited), model_ms, len(queued), items,
+                       batch_id, started, forward_start, forward_end, cpu_s, *post)
+            for r, item, cpu_s, post in zip(rows, queued, cpu, posts, strict=True)
+        ]
+
+    def _forwarded(self, rows: list, tokens: int) -> None:
+        """After a batch's forward: its expired requests counted, and free memory given back
+        once the replica is idle after a burst."""
         self.expired += sum(isinstance(r, Expired) for r in rows)
         self.trimmer.forwarded(tokens)
         if self.waiting == 0 and self.trimmer.due():  # idle after a burst
             self.trimmer.done()
             self._compute_thread.submit(release_free_memory)
-        self._s_per_token = (forward_end - forward_start) / tokens
-        model_ms = _ms(forward_end - started)
-        items = sum(len(item.ids) for item in batch)
-        cpu = shares(forward_cpu_s, [len(item.ids) for item in batch], rows)
-        return [
-            _Forwarded(r, _ms(started - item.enqueued), model_ms, len(queued), items, batch_id,
-                       started, forward_start, forward_end, cpu_s, *post)
-            for r, item, cpu_s, post in zip(rows, queued, cpu, posts, strict=True)
-        ]
 
     def __del__(self):
         compute = getattr(self, "compute", None)

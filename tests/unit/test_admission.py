@@ -401,3 +401,27 @@ def test_rows_count_from_the_judgement_and_come_back_when_no_call_follows():
     slot.reserve("baseline", 25)
     admission.leave(slot)  # the request ended before its call (an error, the client gone)
     assert queue.rows == 0 and admission.in_flight == 0
+
+
+def test_on_one_compute_thread_the_arm_with_the_faster_forward_answers_sooner():
+    """`Admission.sooner`: with `shared_compute` both arms wait behind the same rows ahead, so
+    the one with the faster forward answers first; remote arms are never compared (True)."""
+    def two_arms(shared: bool) -> Admission:
+        clock = Clock()
+        admission = Admission(ceiling=128, clock=clock, shared_compute=shared)
+        for arm, rate, forward_s in (("baseline", 100, 0.02), ("optimized", 400, 0.005)):
+            queue = admission.queue(arm)
+            rows = int(rate * RATE_WINDOW_S * 2)
+            queue.add(rows, clock())
+            clock.now += rows / rate
+            queue.remove(rows, clock(), answered=True)
+            queue.forwarded(forward_s, 1)
+        admission.queue("optimized").add(240, clock())  # 0.6 s ahead
+        return admission
+
+    shared, alone = two_arms(True), two_arms(False)
+    assert shared.predicted_s("optimized", 1) == pytest.approx(0.605)
+    assert shared.predicted_s("baseline", 1) == pytest.approx(0.62)
+    assert shared.sooner("optimized", "baseline", 1)
+    assert not shared.sooner("baseline", "optimized", 1)
+    assert alone.sooner("baseline", "optimized", 1) and alone.sooner("optimized", "baseline", 1)

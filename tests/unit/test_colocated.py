@@ -320,3 +320,72 @@ def test_colocated_arms_take_turns_on_every_core_and_stop_following_the_share(
     server.compute = follower = Follower()
     server.take_turns(1)
     assert follower.stopped and server.compute is None and server.threads == 1
+
+
+def test_a_batch_waiting_for_the_other_arms_forward_counts_the_wait_as_queue(two_servers,
+                                                                             monkeypatch):
+    """Both arms share one compute thread: a batch that waits there behind the other arm's
+    forward reports that wait as queue, and its model time as its own forward only, which is
+    what the admission fits forward time on (it adds the other arm's rows ahead itself)."""
+    import time
+
+    baseline, optimized = two_servers["baseline"], two_servers["optimized"]
+    assert baseline._compute_thread is optimized._compute_thread
+    original = optimized._forward
+
+    def forward(rows):  # 0.15 s: the forward's own time, well apart from the 0.5 s wait
+        time.sleep(0.15)
+        return original(rows)
+
+    monkeypatch.setattr(optimized, "_forward", forward)
+
+    async def scenario():
+        handle = LocalHandle(optimized)
+        alone = await handle.predict.remote(["a text"], "classify")
+        busy = baseline._compute_thread.submit(time.sleep, 0.5)  # the other arm's forward
+        behind = await handle.predict.remote(["a text"], "classify")
+        busy.result()
+        return alone, behind
+
+    alone, behind = asyncio.run(scenario())
+    assert alone.timing.queue < 100 and 150 <= alone.timing.model < 400
+    assert behind.timing.queue >= 450  # waited for the other arm's turn
+    assert 150 <= behind.timing.model < 400  # its own forward, not the other arm's
+
+
+def test_colocated_batches_run_in_the_order_their_requests_arrived(two_servers, monkeypatch):
+    """The optimized arm's request that arrived while a baseline request waited behind the
+    baseline's running forward runs after it, not in between (serve.replica.turns): the
+    admission predicted it behind every row ahead of it."""
+    import time
+
+    from serve.replica.turns import Turns
+
+    ran: list[str] = []
+    turns = Turns()
+    for arm, server in two_servers.items():
+        server.turns = turns
+        original = server._forward
+
+        def forward(rows, _arm=arm, _original=original):
+            time.sleep(0.2 if _arm == "baseline" else 0.01)
+            out = _original(rows)
+            ran.append(_arm)
+            return out
+
+        monkeypatch.setattr(server, "_forward", forward)
+
+    async def scenario():
+        baseline = LocalHandle(two_servers["baseline"])
+        optimized = LocalHandle(two_servers["optimized"])
+        first = asyncio.ensure_future(baseline.predict.remote(["first"], "classify"))
+        await asyncio.sleep(0.05)  # its forward runs
+        second = asyncio.ensure_future(baseline.predict.remote(["second"], "classify"))
+        await asyncio.sleep(0.02)  # queued behind it
+        third = asyncio.ensure_future(optimized.predict.remote(["third"], "classify"))
+        return await asyncio.gather(first, second, third)
+
+    answers = asyncio.run(scenario())
+    assert [a.arm for a in answers] == ["baseline", "baseline", "optimized"]
+    assert ran == ["baseline", "baseline", "optimized"]
+    assert answers[2].timing.queue >= 150  # it waited for the second baseline forward

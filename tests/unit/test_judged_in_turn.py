@@ -84,3 +84,53 @@ def test_requests_that_arrive_together_are_each_judged_behind_those_admitted_bef
     assert model.calls == 2
     assert refused == done == 8
     assert admission.queue("baseline").rows == 0  # the cancelled calls gave their rows back
+
+
+class RecordingModel(SlowModel):
+    """A SlowModel that keeps the time left each call was sent with."""
+
+    def __init__(self):
+        super().__init__()
+        self.remaining: list[float] = []
+
+    def remote(self, texts, task, carrier=None, remaining=None):
+        self.remaining.append(remaining)
+        return super().remote(texts, task, carrier, remaining)
+
+
+def test_a_late_canary_stays_on_the_canary_where_the_baseline_would_wait_longer():
+    """Colocated (`shared_compute`): a canary request predicted past its share of the deadline
+    but within the whole of it, which the baseline would answer later still (the same rows
+    ahead, a slower forward), is called on the canary with the whole deadline; with remote
+    arms it goes to the baseline, as before."""
+    def called(shared: bool) -> tuple[int, int, list[float]]:
+        now = [100.0]
+        admission = Admission(ceiling=128, clock=lambda: now[0], shared_compute=shared)
+        for arm, rate, forward_s in (("baseline", 100, 0.02), ("optimized", 400, 0.005)):
+            queue = admission.queue(arm)
+            rows = int(rate * RATE_WINDOW_S * 2)
+            queue.add(rows, now[0])
+            now[0] += rows / rate
+            queue.remove(rows, now[0], answered=True)
+            queue.forwarded(forward_s, 1)
+        admission.queue("optimized").add(240, now[0])  # 0.6 s ahead: past half of 1 s
+        baseline, optimized = RecordingModel(), RecordingModel()
+        gateway = gateway_with(baseline, admission)
+        gateway.arms.handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+
+        async def one():
+            ex = Exchange("r", None, NULL_OBSERVATION, admission.enter(), time.perf_counter(),
+                          1.0, None)
+            task = asyncio.create_task(gateway._call_arm(Arm.OPTIMIZED, ["t"], "classify", ex))
+            await asyncio.sleep(0.05)  # the call is out
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        asyncio.run(one())
+        return baseline.calls, optimized.calls, optimized.remaining
+
+    baseline_calls, optimized_calls, remaining = called(shared=True)
+    assert (baseline_calls, optimized_calls) == (0, 1)
+    assert remaining[0] > 0.9  # the whole deadline, not the canary's half of it
+    baseline_calls, optimized_calls, _ = called(shared=False)
+    assert (baseline_calls, optimized_calls) == (1, 0)
