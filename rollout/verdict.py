@@ -23,13 +23,16 @@ comparison (rollout.agreement.Summary) and lists each one missed, in this order:
    flipped (upper end 11 %) fail it, 3 near-tie flips among 50 emoji-only inputs (94 %, upper
    end 98 %) do not, while the overall figure of 1,600 inputs would hide either;
 7. embedding models: recall@10 of the optimized arm's neighbours against the baseline's,
-   overall, on a half re-embedded index and per judged slice, >= `min_recall_at_10`
-   (rollout.retrieval; None for a classifier: not judged).
+   neighbours tied within `retrieval_tolerance` counting as kept, overall and on a half
+   re-embedded index >= `min_recall_at_10`, and no judged slice shown below it (the upper end
+   of its bootstrap interval) (rollout.retrieval; None for a classifier: not judged).
 
 `thresholds_from(settings)` is the one place thresholds are built from the settings
 (`verify_*`), for every caller that judges a comparison, and `judge_comparison` the one rule
-(1-6 together) that both `rollout verify` and `auto` (serve.recipes.auto.choose) apply: a recipe
-`auto` serves has passed, on its validation split, the very test verify applies on the held-out one.
+(1-7 together) that both `rollout verify` and `auto` (serve.recipes.auto.choose) apply: a recipe
+`auto` serves has passed, on its validation split, the very test verify applies on the held-out
+one, with every bar raised by `verify_auto_margin` (`auto_thresholds`), which covers the spread
+measured between the two splits. `headroom` names the judged figure closest to its bar.
 `bound_only` tells a comparison refused by the Wilson lower bound alone (its point estimates
 pass, the sample is too small or too close to the bar to show it).
 
@@ -70,6 +73,16 @@ class Thresholds(BaseModel):
     min_slice_agreement: float = Field(0.95, ge=0, le=1)  # the worst judged slice's agreement
     min_slice_size: int = Field(30, ge=1)  # inputs a slice needs to be judged
     min_recall_at_10: float = Field(0.95, ge=0, le=1)  # embeddings (rollout.retrieval)
+    # its ties (rollout.retrieval); 0: strict, as verdicts stored before it was recorded
+    retrieval_tolerance: float = Field(0.0, ge=0, le=1)
+
+    def with_margin(self, margin: float) -> Thresholds:
+        """These thresholds with every bar of agreement, cosine and recall raised by `margin`
+        (at most 1): `auto`'s judgement on the validation split (serve.recipes.auto.choose)."""
+        raised = ("min_agreement", "min_lower_bound", "min_slice_agreement", "min_recall_at_10")
+        update = {name: min(1.0, getattr(self, name) + margin) for name in raised}
+        update["min_cosine_p1"] = min(1.0, self.min_cosine_p1 + margin)
+        return self.model_copy(update=update)
 
 
 def thresholds_from(settings: VerifySettings) -> Thresholds:
@@ -85,7 +98,13 @@ def thresholds_from(settings: VerifySettings) -> Thresholds:
         min_slice_agreement=settings.verify_min_slice_agreement,
         min_slice_size=settings.verify_min_slice_size,
         min_recall_at_10=settings.verify_min_recall_at_10,
+        retrieval_tolerance=settings.verify_retrieval_tolerance,
     )
+
+
+def auto_thresholds(settings: VerifySettings) -> Thresholds:
+    """`auto`'s thresholds: verify's, each bar raised by `verify_auto_margin`."""
+    return thresholds_from(settings).with_margin(settings.verify_auto_margin)
 
 
 class Verdict(BaseModel):
@@ -117,12 +136,15 @@ class Verdict(BaseModel):
     recall_at_10: float | None = Field(None, ge=0, le=1)  # None: a classifier, or stored before
     recall_at_10_mixed: float | None = Field(None, ge=0, le=1)
     top1_unchanged: float | None = Field(None, ge=0, le=1)
+    # recall@10 with no tolerance (the figures above count ties: thresholds.retrieval_tolerance)
+    strict_recall_at_10: float | None = Field(None, ge=0, le=1)
 
 
 OUT_OF_SAMPLE = ("held-out", "external")
 _STRICTER_IS_HIGHER = ("min_agreement", "min_lower_bound", "min_speedup", "min_cosine_p1",
                        "min_slice_agreement", "min_recall_at_10")
-_STRICTER_IS_LOWER = ("min_margin", "max_confident_flips", "max_accuracy_drop", "min_slice_size")
+_STRICTER_IS_LOWER = ("min_margin", "max_confident_flips", "max_accuracy_drop", "min_slice_size",
+                      "retrieval_tolerance")
 
 
 class VerdictRules(BaseModel):
@@ -248,3 +270,24 @@ def judge_summary(thresholds: Thresholds, summary: Summary, speedup: float | Non
         speedup=speedup, cosine_p1=summary.cosine.p1 if summary.cosine else None,
         confident_flips=len(summary.confident), accuracy_drop=summary.accuracy_drop,
     )
+
+
+def headroom(thresholds: Thresholds, summary: Summary, slices: Sequence[SliceRow] = (),
+             retrieval: Retrieval | None = None) -> tuple[str, float, float]:
+    """The judged figure closest to its bar (or furthest below it), as (what, value, bar):
+    where `auto` and verify could disagree on another split."""
+    figures = [("agreement", summary.agreement, thresholds.min_agreement),
+               ("agreement lower bound", summary.lower_bound, thresholds.min_lower_bound)]
+    if summary.cosine is not None:
+        figures.append(("cosine p1", summary.cosine.p1, thresholds.min_cosine_p1))
+    figures += [(f"slice {row.slice} agreement upper bound",
+                 wilson_interval(row.agreed, row.n)[1], thresholds.min_slice_agreement)
+                for row in slices if row.judged and row.n]
+    if retrieval is not None:
+        figures += [("recall@10", retrieval.recall_at_10, thresholds.min_recall_at_10),
+                    ("recall@10 mixed", retrieval.recall_at_10_mixed,
+                     thresholds.min_recall_at_10)]
+        figures += [(f"slice {row.slice} recall@10 upper bound", row.interval[1],
+                     thresholds.min_recall_at_10)
+                    for row in retrieval.slices if row.judged and row.interval is not None]
+    return min(figures, key=lambda f: (f[1] - f[2], f[0]))

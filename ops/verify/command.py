@@ -68,6 +68,7 @@ def _verdict(ctx, report, thresholds: Thresholds, *, speed_judged: bool) -> Verd
         recall_at_10=found.recall_at_10 if found else None,
         recall_at_10_mixed=found.recall_at_10_mixed if found else None,
         top1_unchanged=found.top1_unchanged if found else None,
+        strict_recall_at_10=found.strict_recall_at_10 if found else None,
         at=ctx.clock.time(), by=getattr(ctx.args, "actor", None) or default_actor(),
     )
 

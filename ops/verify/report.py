@@ -130,7 +130,19 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
             (f"peak growth, batch {b['batch']}", f"{b['peak_mib']:.1f}", f"{o['peak_mib']:.1f}"),
         ])
     outcome = "PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.failures)
-    return lines + ["", f"verdict: {outcome}", *_rule(thresholds, speed_batch)]
+    return lines + ["", f"verdict: {outcome}", *_disagrees(report, verdict),
+                    *_rule(thresholds, speed_batch)]
+
+
+def _disagrees(report, verdict) -> list[str]:
+    """Where `auto` served a recipe that fails here: the figure it judged closest to its bar on
+    the validation split."""
+    choice = getattr(report.optimized, "choice", None)
+    found = choice.evidence_for(choice.recipe) if choice is not None else None
+    if verdict.passed or found is None or not found.passed:
+        return []
+    return [f"  auto passed {choice.recipe} on the validation split, where its figure closest "
+            f"to its bar (raised by the margin) was {found.closest}; this split disagrees"]
 
 
 def _slices(rows, thresholds) -> list[str]:
@@ -149,23 +161,32 @@ def _slices(rows, thresholds) -> list[str]:
 
 
 def _retrieval(found, thresholds) -> list[str]:
-    """Retrieval compatibility (rollout.retrieval): the three figures, then the slices, worst
-    first."""
+    """Retrieval compatibility (rollout.retrieval): the three figures with ties and strictly,
+    then the slices, worst first."""
     if found is None:
         return []
     lines = ["", f"retrieval, {found.queries} queries (every {QUERY_EVERY}th judged input, "
-                 f"itself excluded) against the baseline's index of {found.documents}:",
+                 f"itself excluded) against the baseline's index of {found.documents}; a "
+                 f"neighbour within {found.tolerance:g} of the baseline's 10th (1st) counts:",
              f"  recall@10 {_pct(found.recall_at_10)}  on a half re-embedded index "
              f"{_pct(found.recall_at_10_mixed)}  top-1 unchanged {_pct(found.top1_unchanged)}"
-             f"  (gate: recall@10 >= {thresholds.min_recall_at_10}, overall, mixed and per "
-             f"judged slice)"]
+             f"  (gate: recall@10 >= {thresholds.min_recall_at_10}, overall and mixed; per "
+             f"judged slice, its 95% upper bound)",
+             f"  strict (no tolerance, shown): recall@10 {_pct(found.strict_recall_at_10)}  "
+             f"mixed {_pct(found.strict_recall_at_10_mixed)}  top-1 unchanged "
+             f"{_pct(found.strict_top1_unchanged)}",
+             f"  {found.tied} of {found.queries} queries have a rival within {found.tolerance:g} "
+             f"of their 1st or 10th neighbour (near-duplicates: what makes a slice fragile)"]
     if (truth := found.ground_truth) is not None:
         lines.append(f"  against the set's relevance labels ({truth.queries} queries): "
                      f"baseline {_pct(truth.baseline_recall_at_10)}, optimized "
                      f"{_pct(truth.optimized_recall_at_10)} (shown, not judged)")
-    lines += table(("SLICE", "QUERIES", "RECALL@10", "MIXED", "TOP-1 SAME", "JUDGED"), [
-        (row.slice, str(row.n), _pct(row.recall_at_10), _pct(row.recall_at_10_mixed),
-         _pct(row.top1_unchanged), "yes" if row.judged else "no")
+    lines += table(("SLICE", "QUERIES", "RECALL@10", "95% INTERVAL", "STRICT", "MIXED",
+                    "TOP-1 SAME", "TIED", "JUDGED"), [
+        (row.slice, str(row.n), _pct(row.recall_at_10),
+         f"{_pct(row.interval[0])} - {_pct(row.interval[1])}" if row.interval else "",
+         _pct(row.strict_recall_at_10), _pct(row.recall_at_10_mixed),
+         _pct(row.top1_unchanged), str(row.tied), "yes" if row.judged else "no")
         for row in found.slices[:SHOW_SLICES]])
     return lines
 
@@ -218,7 +239,8 @@ def _rule(t, speed_batch: int) -> list[str]:
             f"   lower bound >= {t.min_lower_bound}, cosine p1 >= {t.min_cosine_p1} (encoders), "
             f"speedup >= {t.min_speedup}x at batch {speed_batch}, served batches,",
             f"   every slice of >= {t.min_slice_size} inputs: agreement's upper bound >= "
-            f"{t.min_slice_agreement}, embeddings: recall@10 >= {t.min_recall_at_10})"]
+            f"{t.min_slice_agreement}, embeddings: recall@10 >= {t.min_recall_at_10}",
+            f"   with ties within {t.retrieval_tolerance:g}, a slice's by its upper bound)"]
 
 
 def _clip(text: str, width: int = 60) -> str:

@@ -218,7 +218,8 @@ def _retrieval(settings: Settings, regression: RegressionSet, report: Report,
                  for q, docs in regression.relevance().items() if q in position}
     base, optimized = (rows[judged] for rows in vectors)
     return retrieval_of(base, optimized, report.judged_slices,
-                        min_size=settings.verify_min_slice_size, relevance=relevance)
+                        min_size=settings.verify_min_slice_size,
+                        tolerance=settings.verify_retrieval_tolerance, relevance=relevance)
 
 
 def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:

@@ -213,11 +213,13 @@ def _slice_rows(slices: dict[str, tuple[int, int]], ends: dict[str, tuple]) -> t
 
 def _read_recall(inputs: GateInputs) -> Reading:
     """`min_recall_at_10`: the mean share of shared top-10 neighbours over the step's embed
-    pairs (rollout.shadow), judged on the anytime-valid 95 % confidence sequence of
-    rollout.agreement.agreement_cs with each pair's share (0-1) as its outcome: the
-    Beta-mixture martingale stays a supermartingale for outcomes anywhere in [0, 1] (the
-    likelihood ratio is convex in the outcome, so its mean is at most the Bernoulli one, 1),
-    so the sequence keeps its coverage for a bounded mean, as it does for agreement."""
+    pairs (rollout.shadow; neighbours tied within `verify_retrieval_tolerance` count as
+    shared, as verify counts them offline: rollout.retrieval), judged on the anytime-valid
+    95 % confidence sequence of rollout.agreement.agreement_cs with each pair's share (0-1)
+    as its outcome: the Beta-mixture martingale stays a supermartingale for outcomes anywhere
+    in [0, 1] (the likelihood ratio is convex in the outcome, so its mean is at most the
+    Bernoulli one, 1), so the sequence keeps its coverage for a bounded mean, as it does for
+    agreement."""
     gates, threshold = inputs.gates, inputs.gates.min_recall_at_10
     queries, hits = inputs.metrics.recall(inputs.shadow_s)
     shares = min(hits, 10 * queries) / 10

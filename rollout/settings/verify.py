@@ -73,6 +73,20 @@ class VerifySettings(BaseSettings):
         "index and per judged slice (about what an approximate-nearest-neighbour index gives "
         "up against exact search)",
     )
+    verify_retrieval_tolerance: float = Field(
+        0.005, ge=0, le=1,
+        description="embedding models: a neighbour the optimized arm finds counts as one of the "
+        "baseline's top 10 when its baseline similarity is within this of the baseline's 10th "
+        "(top-1 likewise): the order of neighbours tied within a low-precision arm's rounding "
+        "is not damage. Read by verify, `auto` and the shadow's online recall@10; 0: strict "
+        "([the measurements](recipes.md#retrieval-ties))",
+    )
+    verify_auto_margin: float = Field(
+        0.005, ge=0, le=0.5,
+        description="`auto` judges a candidate on the validation split with every bar of the "
+        "agreement, cosine and recall gates raised by this much, so that what it serves passes "
+        "verify on the held-out split ([the measurements](recipes.md#retrieval-ties))",
+    )
     verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
         (1, 8, 32), description="batch sizes whose throughput verify measures (comma-separated, "
         "each 1-4096)"

@@ -23,6 +23,8 @@ from rollout.retrieval import (
     query_positions,
     relevant_recall,
     summarize,
+    tie_hits,
+    tied,
 )
 
 
@@ -48,17 +50,31 @@ def _mixed(base: torch.Tensor, optimized: torch.Tensor) -> torch.Tensor:
 
 
 def outcomes(base: torch.Tensor, optimized: torch.Tensor,
-             slices: Sequence[tuple[str, ...]]) -> list[QueryOutcome]:
+             slices: Sequence[tuple[str, ...]], tolerance: float = 0.0) -> list[QueryOutcome]:
     """One outcome per query (rollout.retrieval) over the rows of `base` and `optimized`, the
-    same inputs in the same order; `slices[i]`: input i's slice keys."""
+    same inputs in the same order, at `tolerance` and strictly; `slices[i]`: input i's slice
+    keys."""
     queries = query_positions(len(base))
     if len(base) < 2:
         return []
-    expected = top_k(base, base[queries], exclude=queries)
+    scores = base[queries].float() @ base.float().T  # the baseline's similarities
+    scores[torch.arange(len(queries)), torch.tensor(queries)] = float("-inf")  # not itself
+    ranked = scores.topk(min(K + 1, len(base) - 1), dim=-1)
+    k = min(K, len(base) - 1)
     found = top_k(base, optimized[queries], exclude=queries)
     mixed = top_k(_mixed(base, optimized), base[queries], exclude=queries)
-    return [QueryOutcome(overlap(e, f), overlap(e, m), e[:1] == f[:1], tuple(slices[q]))
-            for q, e, f, m in zip(queries, expected, found, mixed, strict=True)]
+    result = []
+    for j, q in enumerate(queries):
+        row, best = scores[j], ranked.values[j].tolist()
+        expected = ranked.indices[j, :k].tolist()
+        kept, mixed_kept = row[found[j]].tolist(), row[mixed[j]].tolist()
+        result.append(QueryOutcome(
+            tie_hits(kept, best[k - 1], tolerance) / k,
+            tie_hits(mixed_kept, best[k - 1], tolerance) / k,
+            tie_hits(kept[:1], best[0], tolerance) == 1, tuple(slices[q]),
+            overlap(expected, found[j]), overlap(expected, mixed[j]),
+            expected[:1] == found[j][:1], tied(best, tolerance, k)))
+    return result
 
 
 def ground_truth(base: torch.Tensor, optimized: torch.Tensor,
@@ -83,10 +99,10 @@ def ground_truth(base: torch.Tensor, optimized: torch.Tensor,
 
 
 def retrieval_of(base: torch.Tensor, optimized: torch.Tensor, slices: Sequence[tuple[str, ...]],
-                 *, min_size: int, relevance: Mapping[int, Sequence[int]] | None = None
-                 ) -> Retrieval | None:
+                 *, min_size: int, tolerance: float = 0.0,
+                 relevance: Mapping[int, Sequence[int]] | None = None) -> Retrieval | None:
     """The offline figures (rollout.retrieval.summarize) of two arms' unit vectors of the same
-    judged inputs; None with fewer than two inputs."""
+    judged inputs, at `tolerance`; None with fewer than two inputs."""
     truth = ground_truth(base, optimized, relevance) if relevance else None
-    return summarize(outcomes(base, optimized, slices), documents=len(base), min_size=min_size,
-                     ground_truth=truth)
+    return summarize(outcomes(base, optimized, slices, tolerance), documents=len(base),
+                     min_size=min_size, tolerance=tolerance, ground_truth=truth)

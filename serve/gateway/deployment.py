@@ -165,15 +165,14 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         ingress.configure(settings, settings, self.admission, self._shed_at_the_door)
         self.arms = Arms(handles, settings, settings, self.admission, self.shed_summary,
                          local=self.local is not None)
-        self.shadow = Shadow(settings, self.arms.remote, self.telemetry)
+        self.shadow = Shadow(settings, self.arms.remote, self.telemetry,
+                             recall_tolerance=settings.verify_retrieval_tolerance)
         # store-stale / store-recovered webhooks, sent by this replica (serve.control_plane.notify)
         self.notifier = sender_from(settings, RedisLedger(
             settings.redis_url, settings.app_name, timeout_s=settings.redis_timeout_s),
             name="gateway-webhooks")
         self.watcher = StateWatcher(
-            self.store,
-            poll_s=settings.state_poll_s,
-            staleness_s=settings.state_staleness_s,
+            self.store, poll_s=settings.state_poll_s, staleness_s=settings.state_staleness_s,
             heartbeat=self._heartbeat,
             on_stale=StoreOutageNotifier(self.notifier, settings.app_name, self.identity)
             if self.notifier else None,

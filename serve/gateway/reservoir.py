@@ -2,14 +2,17 @@
 shadowed embed pair's two top-10 neighbour lists are compared (rollout.retrieval's recall@10,
 online; rollout.shadow counts it).
 
-`Reservoir(size)` keeps the last `size` baseline vectors (a ring: what a live index was most
-recently fed). `neighbours(baseline, optimized)` answers, for each pair of rows, how many of
-the baseline vector's K nearest vectors in the reservoir (cosine, exact search) the optimized
-vector's K nearest also hold, then adds the baseline rows. Before the reservoir holds K
-vectors a pair is not compared (None). Equal scores are ordered by position, the same for both
-arms, so identical answers always share all K. A pair's own baseline vector is added after it
-is compared, so it never finds itself. numpy, not torch: the gateway loads no model.
-Thread-safe (the shadow computes off the event loop).
+`Reservoir(size, tolerance)` keeps the last `size` baseline vectors (a ring: what a live index
+was most recently fed). `neighbours(baseline, optimized)` answers, for each pair of rows, how
+many of the optimized vector's K nearest vectors in the reservoir (cosine, exact search) count
+as the baseline vector's K nearest, then adds the baseline rows. A found vector counts when
+its similarity to the *baseline* vector is within `tolerance` of the baseline's K-th
+(rollout.retrieval, ties: the rule verify applies offline, `verify_retrieval_tolerance`), so
+neighbours whose order a low-precision arm's rounding swaps are not read as lost. Before the
+reservoir holds K vectors a pair is not compared (None). Identical answers always share all
+K. A pair's own baseline vector is added after it is compared, so it never finds itself.
+numpy, not torch: the gateway loads no model. Thread-safe (the shadow computes off the event
+loop).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rollout.retrieval import K
+from rollout.retrieval import K, tie_hits
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
@@ -36,8 +39,9 @@ def _top(index: np.ndarray, queries: np.ndarray) -> np.ndarray:
 class Reservoir:
     """The last `size` baseline vectors of one gateway replica (module docstring)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, tolerance: float = 0.0):
         self.size = size
+        self.tolerance = tolerance
         self.rows: np.ndarray | None = None  # size x dims once the first vector came
         self.count = 0  # vectors ever added (the next one goes to count % size)
         self.lock = threading.Lock()
@@ -59,9 +63,10 @@ class Reservoir:
             found: list[int | None] = [None] * len(base)
             if len(self) >= K:
                 index = self.rows[:len(self)]
-                expected, got = _top(index, base), _top(index, opt)
-                found = [len(set(e.tolist()) & set(g.tolist())) for e, g in zip(expected, got,
-                                                                                 strict=True)]
+                scores = base @ index.T  # the baseline's similarities
+                kth = np.sort(scores, axis=1)[:, -K]
+                found = [tie_hits(row[got].tolist(), bar, self.tolerance)
+                         for row, got, bar in zip(scores, _top(index, opt), kth, strict=True)]
             for row in base:
                 self.rows[self.count % self.size] = row
                 self.count += 1

@@ -23,9 +23,11 @@ One answered request (not a fallback, not an idempotent replay) goes through:
    several. A slicing bug costs the slices of that comparison, never the comparison;
 6. **neighbours** (embed, `CANARY_SHADOW_RESERVOIR_SIZE` > 0): each pair's two vectors are
    searched in the replica's reservoir of recent baseline vectors (serve.gateway.reservoir), off the
-   event loop, and the pair counts how many of the baseline's top-10 the optimized arm's
-   top-10 shares (online recall@10, rollout.shadow); the baseline vectors then join the
-   reservoir. A failure here costs the neighbours of that comparison, never the comparison;
+   event loop, and the pair counts how many of the optimized arm's top-10 count as the
+   baseline's, neighbours tied within `verify_retrieval_tolerance` included (online recall@10,
+   rollout.shadow; the rule verify applies offline, rollout.retrieval); the baseline vectors
+   then join the reservoir. A failure here costs the neighbours of that comparison, never the
+   comparison;
 7. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
    differ go, after the capture policy and redaction hook of rollout.flips, to the flip stream
    through the same sink. A failing hook or Redis costs a counter, never the comparison.
@@ -157,11 +159,13 @@ def flip_capture(settings: ShadowSettings) -> FlipCapture:
 class Shadow:
     """The shadow comparisons of one gateway replica (see the module docstring).
 
-    `call` is the gateway's model call; `rng` and `clock` are injectable for tests. A
+    `call` is the gateway's model call; `rng` and `clock` are injectable for tests;
+    `recall_tolerance`: the reservoir's ties (`verify_retrieval_tolerance`, rollout.retrieval). A
     CANARY_FLIP_REDACT that cannot be imported fails here, at start (FlipSettingError)."""
 
     def __init__(self, settings: ShadowSettings, call: ShadowCall, telemetry: Telemetry, *,
-                 rng: random.Random | None = None, clock: Clock | None = None):
+                 rng: random.Random | None = None, clock: Clock | None = None,
+                 recall_tolerance: float = 0.0):
         self.settings, self.call, self.telemetry = settings, call, telemetry
         self.rng = rng or random.Random()
         self.clock = clock or SystemClock()
@@ -169,7 +173,8 @@ class Shadow:
         self.metrics = ShadowMetrics(telemetry.meter)
         self.flips = flip_capture(settings)
         self.header_values = HeaderValues()  # the CANARY_SLICE_HEADER values, bounded
-        self.reservoir = Reservoir(settings.shadow_reservoir_size)  # recent baseline vectors
+        # recent baseline vectors
+        self.reservoir = Reservoir(settings.shadow_reservoir_size, recall_tolerance)
         self.tasks: set[asyncio.Task] = set()  # shadow calls running
 
     @property

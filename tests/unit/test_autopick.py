@@ -437,6 +437,7 @@ def test_a_candidate_far_too_slow_is_refused_on_its_screen():
 
 
 def test_choose_with_real_measure_on_the_calibration_split(settings):
+    settings = settings.model_copy(update={"verify_auto_margin": 0.0})  # verify's bars
     clock = FakeClock(start=0.0)
     variant = StubVariant({
         "bf16": StubModel(cost=1.0, flips=(0,)),  # fast, but flips a confident answer
@@ -489,6 +490,7 @@ def test_a_candidate_whose_point_estimate_passes_and_bound_fails_is_not_served(s
     agreement passes the 0.98 point bar, its Wilson lower bound (0.975) does not. verify would
     refuse it, so `auto` serves the next candidate that passes, and says why on the console
     and in `describe` (what `rollout status` shows)."""
+    settings = settings.model_copy(update={"verify_auto_margin": 0.0})  # verify's bars
     clock, lines = FakeClock(start=0.0), []
     variant = StubVariant({
         "bf16": StubModel(cost=0.5, flips_near_ties=True),
@@ -509,3 +511,35 @@ def test_a_candidate_whose_point_estimate_passes_and_bound_fails_is_not_served(s
                for line in lines)
     assert f"; bf16 refused by the agreement bound alone ({bf16.agreement:.2%} agreement, " \
         f"95% lower bound {bf16.lower_bound:.4f} on 931 inputs)" in describe(choice)
+
+
+def test_the_margin_refuses_a_candidate_at_verifys_bar_and_describe_names_the_closest_figure(
+        settings):
+    """bf16 flips near ties: 14 of 931 validation inputs (98.5 %, Wilson lower bound 0.975).
+    With the margin off it passes bars of 0.97; with a margin of 0.01 the bars are 0.98 and
+    `auto` refuses it, since verify on another split of the same size could read it below
+    0.97. The served candidate's figure closest to its raised bar is named in `describe`."""
+    def pick(margin: float):
+        clock = FakeClock(start=0.0)
+        variant = StubVariant({
+            "bf16": StubModel(cost=0.5, flips_near_ties=True),
+            "ov-int8": StubModel(cost=1.0),
+            "ct2-int8": StubModel(cost=2.0),
+            "onnx-fp32": StubModel(cost=2.5),
+        }, clock, near_ties=frozenset(range(3, 50, 12)))
+        groups = settings.model_copy(update={"verify_auto_margin": margin,
+                                             "verify_min_lower_bound": 0.97,
+                                             "verify_min_agreement": 0.97})
+        return choose(*auto_groups(groups), variant, weights=WEIGHTS, device="cpu",
+                      hardware=SAPPHIRE, clock=clock,
+                      measure=functools.partial(measure, timer=clock.monotonic))
+
+    assert pick(0.0).recipe == "bf16"
+    raised = pick(0.01)
+    bf16 = raised.evidence_for("bf16")
+    assert not bf16.passed and bf16.failures[0].startswith("agreement lower bound ")
+    assert bf16.failures[0].endswith(" < 0.98")
+    assert raised.recipe == "ov-int8"
+    served = raised.evidence_for("ov-int8")
+    assert served.closest.startswith("agreement lower bound ") and "(bar 0.98)" in served.closest
+    assert f"closest to its bar: {served.closest}" in describe(raised)

@@ -45,6 +45,29 @@ def test_perturbed_vectors_share_fewer_neighbours_and_a_mismatch_is_not_compared
     assert Reservoir(0).neighbours(queries, queries) == [None] * 200  # off
 
 
+def test_online_ties_count_as_shared_as_verify_counts_them_offline():
+    """Paraphrases of a few templates in the reservoir, an arm that moves each vector by less
+    than the tolerance: strictly the reordered neighbours read as lost, with the tolerance
+    (rollout.retrieval's rule, as verify applies it) every pair shares all 10; damage among
+    vectors whose order is graded still loses them."""
+    centres = np.repeat(unit_rows(20, 6, dims=32), 50, axis=0)
+    docs = centres + 0.01 * unit_rows(1000, 7, dims=32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries = docs[::10] + 0.002 * unit_rows(100, 8, dims=32)
+    rounded = queries + 0.002 * unit_rows(100, 9, dims=32)
+    shared = {}
+    for tolerance in (0.0, 0.005):
+        reservoir = Reservoir(1000, tolerance)
+        reservoir.neighbours(docs, docs)
+        shared[tolerance] = reservoir.neighbours(queries, rounded)
+    assert sum(shared[0.0]) < 0.95 * 1000 and shared[0.005] == [10] * 100
+    assert all(type(n) is int for n in shared[0.0])  # counters serialize them as JSON
+    reservoir = Reservoir(2000, 0.005)  # vectors spread over the sphere: a graded order
+    reservoir.neighbours(unit_rows(2000, 2), unit_rows(2000, 2))
+    queries = unit_rows(200, 3)
+    assert sum(reservoir.neighbours(queries, queries + 0.5 * unit_rows(200, 4))) / 2000 < 0.8
+
+
 def test_counters_add_up_to_recall_at_10_and_old_hashes_read_none():
     pairs = [PairOutcome(cosine=0.99, neighbours=9)] * 30 + [PairOutcome(cosine=0.99)] * 5
     stats_ = aggregate_shadow([shadow_fields(pairs, calls=1)] * 2, 60.0)

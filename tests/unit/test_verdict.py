@@ -11,7 +11,7 @@ import pytest
 from rollout import MemoryStateStore, Settings, Thresholds, Verdict, judge_summary, thresholds_from
 from rollout.agreement import Pair, summarize
 from rollout.slices import slice_table
-from rollout.verdict import judge_slices, looser, verdict_problems, worst_slice
+from rollout.verdict import auto_thresholds, judge_slices, looser, verdict_problems, worst_slice
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,9 @@ def test_default_thresholds_judge_damage_not_noise():
     t = Thresholds()
     assert (t.min_margin, t.max_confident_flips, t.max_accuracy_drop) == (0.05, 0, 0.01)
     assert (t.min_agreement, t.min_lower_bound, t.min_cosine_p1) == (0.98, 0.98, 0.95)
-    assert thresholds_from(Settings()) == t  # the settings' defaults are the same gate
+    assert t.retrieval_tolerance == 0.0  # a verdict stored before ties were counted: strict
+    # the settings' defaults are the same gate, with the measured tolerance for ties
+    assert thresholds_from(Settings()) == t.model_copy(update={"retrieval_tolerance": 0.005})
 
 
 def test_thresholds_come_from_the_settings_and_their_environment(monkeypatch):
@@ -43,9 +45,29 @@ def test_thresholds_come_from_the_settings_and_their_environment(monkeypatch):
                         "MIN_LOWER_BOUND": "0.96", "MIN_SPEEDUP": "1.8",
                         "MIN_COSINE_P1": "0.9"}.items():
         monkeypatch.setenv(f"CANARY_VERIFY_{name}", value)
+    monkeypatch.setenv("CANARY_VERIFY_RETRIEVAL_TOLERANCE", "0.002")
     assert thresholds_from(Settings()) == Thresholds(
         min_margin=0.1, max_confident_flips=2, max_accuracy_drop=0.005, min_agreement=0.97,
-        min_lower_bound=0.96, min_speedup=1.8, min_cosine_p1=0.9)
+        min_lower_bound=0.96, min_speedup=1.8, min_cosine_p1=0.9, retrieval_tolerance=0.002)
+
+
+def test_auto_judges_with_every_bar_raised_by_its_margin(monkeypatch):
+    monkeypatch.setenv("CANARY_VERIFY_AUTO_MARGIN", "0.01")
+    raised = auto_thresholds(Settings())
+    base = thresholds_from(Settings())
+    assert (raised.min_agreement, raised.min_lower_bound, raised.min_cosine_p1) == \
+        pytest.approx((0.99, 0.99, 0.96))
+    assert (raised.min_slice_agreement, raised.min_recall_at_10) == pytest.approx((0.96, 0.96))
+    assert (raised.max_confident_flips, raised.retrieval_tolerance) == \
+        (base.max_confident_flips, base.retrieval_tolerance)
+    assert Thresholds(min_agreement=0.995).with_margin(0.01).min_agreement == 1.0  # at most 1
+    assert looser(base, raised) and not looser(raised, base)
+
+
+def test_a_wider_tolerance_for_ties_is_looser():
+    assert looser(Thresholds(retrieval_tolerance=0.01), Thresholds(retrieval_tolerance=0.005)) \
+        == ["retrieval_tolerance 0.01 > 0.005"]
+    assert looser(Thresholds(), Thresholds(retrieval_tolerance=0.005)) == []  # strict: stricter
 
 
 @pytest.mark.parametrize(("name", "value"), [

@@ -15,9 +15,11 @@ Algorithm (`choose`):
    (`measure`, serve.recipes.auto.trial): inputs no recipe tuned on (a calibrated recipe tunes on
    the calibration split, serve.common.regression), so a candidate that only fits the inputs it was
    tuned on is refused here, not served: verify's own rule (rollout.verdict.judge_comparison,
-   the Wilson lower bound and the slices included) on a split as large as verify's, so the
-   recipe served is one `rollout verify` passes, and a speedup on served batches that must beat
-   fp32. A candidate refused by the lower bound alone says so, on the console and in
+   the Wilson lower bound, the slices and retrieval included) on a split as large as verify's,
+   each bar raised by `verify_auto_margin` (rollout.verdict.auto_thresholds: the spread measured
+   between the two splits), so the recipe served is one `rollout verify` passes, and a speedup
+   on served batches that must beat fp32. The served candidate's figure closest to its bar is
+   named in `describe`. A candidate refused by the lower bound alone says so, on the console and in
    `describe` (the startup log, `rollout status`). A candidate that raises while being built or
    measured (a missing runtime, "runs on CUDA only") is recorded as failed with its error; it
    never fails the pick.
@@ -65,7 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.clock import Clock, SystemClock
 from rollout.settings import ModelSettings, RecipeSettings, VerifySettings
-from rollout.verdict import thresholds_from
+from rollout.verdict import auto_thresholds
 from serve.common.regression import load_set
 from serve.recipes.artifact import cache_root
 from serve.recipes.auto.trial import Evidence, measure
@@ -73,8 +75,9 @@ from serve.recipes.cpu_flags import bf16_native, cpu_flags, read_cpu_flags
 
 log = logging.getLogger("canary.autopick")
 
-FORMAT = 3  # 3: verify's rule, bound included, on the 3/8 validation split (2: without the
-# bound on 1/8; 1: on the calibration split)
+FORMAT = 4  # 4: verify's rule with a margin, ties in retrieval (3: verify's rule, bound
+# included, on the 3/8 validation split; 2: without the bound on 1/8; 1: on the calibration
+# split)
 TIE = 0.05  # speedups within 5 % of the fastest count as tied
 FALLBACK = {"cpu": "onnx-fp32", "cuda": "fp32"}
 ANSWER_SETTINGS = {"labels", "label_template", "max_tokens", "int8_target_agreement"}
@@ -194,9 +197,10 @@ def describe(choice: Choice) -> str:
     found = choice.evidence_for(choice.recipe)
     if choice.fallback:
         return f"auto → {choice.recipe} (fallback, measured {day}: {choice.reason}{notes})"
+    closest = f"; closest to its bar: {found.closest}" if found.closest else ""
     return (f"auto → {choice.recipe} (measured {day}: {found.speedup:.2f}x, "
             f"{found.agreement * 100:.1f} % agreement, {found.confident_flips} confident flips"
-            f"{notes})")
+            f"{closest}{notes})")
 
 
 def _bound_refusal(found: Evidence) -> str:
@@ -221,7 +225,7 @@ def choice_key(model: ModelSettings, recipe: RecipeSettings, verify: VerifySetti
         "versions": library_versions(),
         "set": load_set(verify.regression_set).digest,
         "settings": answers,
-        "thresholds": thresholds_from(verify).model_dump(mode="json"),
+        "thresholds": auto_thresholds(verify).model_dump(mode="json"),
     }
     text = json.dumps(context, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16], context
@@ -264,7 +268,7 @@ def _measure_all(recipe: RecipeSettings, verify: VerifySettings, baseline, hardw
     index = {label: i for i, label in enumerate(baseline.labels)}
     texts = [example.text for example in examples]
     truth = [index.get(example.label) if example.label else None for example in examples]
-    thresholds = thresholds_from(verify)
+    thresholds = auto_thresholds(verify)
     evidence = []
     for name in candidates(hardware, hide_native_bf16=recipe.hide_native_bf16):
         log.info("auto: measuring %s on %d validation inputs", name, len(texts))
@@ -288,8 +292,10 @@ def _measure_all(recipe: RecipeSettings, verify: VerifySettings, baseline, hardw
 def _log_evidence(found: Evidence, progress) -> None:
     """One line per measured candidate, as it is measured: the startup log and the console."""
     if found.passed:
+        closest = f"; closest to its bar: {found.closest}" if found.closest else ""
         line = (f"auto: {found.recipe} passed: {found.speedup:.2f}x, {found.agreement:.2%} "
-                f"agreement, {found.confident_flips} confident flips ({found.seconds:.0f} s)")
+                f"agreement, {found.confident_flips} confident flips{closest} "
+                f"({found.seconds:.0f} s)")
     elif found.bound_only:
         line = (f"auto: {_bound_refusal(found)}: {found.failures[0]}; verify would refuse it "
                 f"too ({found.seconds:.0f} s)")

@@ -23,7 +23,10 @@ on the validation texts it is given (serve.common.regression: inputs no recipe t
    confident flips, accuracy drop, point agreement *and its Wilson lower bound*, cosine p1, the
    slice table, and for an encoder recall@10 of its neighbours: rollout.retrieval), so that a
    recipe `auto` serves is one `rollout verify` passes; the validation split is cut as large as
-   verify's held-out split (serve.common.regression) so that the bound has the same power there. One
+   verify's held-out split (serve.common.regression) so that the bound has the same power there,
+   and the thresholds `measure` is given are verify's with every bar raised by a margin that
+   covers the spread between the two splits (rollout.verdict.auto_thresholds). The figure
+   closest to its bar is kept (`closest`): where verify still disagrees, it names it. One
    addition: the speedup must beat fp32 (> 1.0) whatever `min_speedup` says (a candidate no
    faster than the baseline it replaces is pointless). A candidate refused by the bound alone
    (its point estimates pass) is marked `bound_only`: the console line and `describe` (the
@@ -41,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollout.agreement import Pair, Summary, margins, summarize
 from rollout.retrieval import Retrieval
 from rollout.slices import SliceRow, pair_slice_counts, slice_table, slices_of
-from rollout.verdict import Thresholds, bound_only, judge_comparison
+from rollout.verdict import Thresholds, bound_only, headroom, judge_comparison
 from serve.common.batching import served_batches
 from serve.common.neighbours import retrieval_of
 
@@ -70,6 +73,8 @@ class Evidence(BaseModel):
     accuracy_drop: float | None = None  # None: no labelled validation input
     cosine_p1: float | None = None  # None: a classifier head has no embedding
     recall_at_10: float | None = None  # None: a classifier (rollout.retrieval)
+    closest: str | None = None  # the judged figure closest to its bar, e.g. 'recall@10 0.9912
+    # (bar 0.955)'
     speedup: float | None = None  # the lowest of `speedups`
     speedups: dict[int, float] = Field(default_factory=dict)  # batch size -> fp32 s / cand. s
     seconds: float = 0.0  # building and measuring it
@@ -113,10 +118,17 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
         agreement=summary.agreement, lower_bound=summary.lower_bound,
         bound_only=bound_only(thresholds, summary, speedup, slices, retrieval),
         recall_at_10=retrieval.recall_at_10 if retrieval else None,
+        closest=_closest(thresholds, summary, slices, retrieval),
         confident_flips=len(summary.confident), accuracy_drop=summary.accuracy_drop,
         cosine_p1=summary.cosine.p1 if summary.cosine else None, speedup=speedup,
         speedups=speedups, seconds=timer() - start, decision=built.decision,
     )
+
+
+def _closest(thresholds: Thresholds, summary: Summary, slices: Sequence[SliceRow],
+             retrieval: Retrieval | None) -> str:
+    what, value, bar = headroom(thresholds, summary, slices, retrieval)
+    return f"{what} {value:.4f} (bar {bar:g})"
 
 
 def _too_slow(speedup: float, bar: float, beaten_by: tuple[str, float] | None,
@@ -162,7 +174,7 @@ def _compare(baseline, model, texts: list[str], truth: Sequence[int | None] | No
     retrieval = None if baseline.has_head else retrieval_of(
         base_rows, cand_rows, [slices_of(texts[p.index], n, baseline.labels[p.baseline])
                                for p, n in zip(pairs, tokens, strict=True)],
-        min_size=thresholds.min_slice_size)
+        min_size=thresholds.min_slice_size, tolerance=thresholds.retrieval_tolerance)
     return (summarize(pairs, min_margin=thresholds.min_margin),
             slice_table(counts, thresholds.min_slice_size), retrieval)
 
