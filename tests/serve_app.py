@@ -12,6 +12,7 @@ import httpx
 from rollout import Rollout, RolloutState, Settings, Traces, Windows, open_store, open_telemetry
 from serve import ray_env
 from tests.servers import RedisServer, free_port
+from tests.thread_clients import ThreadClients
 from tests.tiny_model import make_tiny_encoder
 
 APP = "canary-itest"
@@ -24,11 +25,16 @@ class GatewayApp:
     settings: Settings
     redis: RedisServer
     url: str
-    client: httpx.Client
+    clients: ThreadClients  # one client per thread: tests send from thread pools
     live: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
     name: str = "canary"  # the Serve application
     route_prefix: str = "/"
+
+    @property
+    def client(self) -> httpx.Client:
+        """This thread's client to the gateway (tests.thread_clients)."""
+        return self.clients.get()
 
     @property
     def operator(self) -> Settings:
@@ -160,8 +166,7 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
             ray.shutdown()
             port = free_port()
     url = f"http://127.0.0.1:{port}"
-    client = httpx.Client(base_url=url, timeout=30.0)
-    return GatewayApp(settings, redis, url, client)
+    return GatewayApp(settings, redis, url, ThreadClients(url, timeout=30.0))
 
 
 def start_colocated(shared: GatewayApp, name: str = "colocated") -> GatewayApp:
@@ -177,14 +182,14 @@ def start_colocated(shared: GatewayApp, name: str = "colocated") -> GatewayApp:
     prefix = f"/{name}"
     serve.run(build(settings), name=name, route_prefix=prefix)
     url = shared.url + prefix
-    return GatewayApp(settings, shared.redis, url, httpx.Client(base_url=url, timeout=30.0),
+    return GatewayApp(settings, shared.redis, url, ThreadClients(url, timeout=30.0),
                       name=name, route_prefix=prefix)
 
 
 def stop_colocated(app: GatewayApp) -> None:
     from ray import serve
 
-    app.client.close()
+    app.clients.close()
     serve.delete(app.name)
 
 
@@ -192,7 +197,7 @@ def stop_gateway(app: GatewayApp) -> None:
     import ray
     from ray import serve
 
-    app.client.close()
+    app.clients.close()
     try:
         serve.shutdown()
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,19 @@ def test_quarter_share_over_2000_distinct_keys(gw):
     # and each key went exactly where the policy says it should
     for key, arm in arms.items():
         assert decide(state, key, salt=gw.settings.routing_salt).arm.value == arm
+
+
+def test_more_threads_than_keepalive_slots_keep_their_connections(gw, caplog):
+    """A burst from more threads than an httpx pool keeps alive (20): a pool shared by them
+    closes and reopens about one connection per request, and closes some just handed to
+    another thread under it (EBADF, tests.thread_clients). Each thread's own client keeps
+    one connection throughout; HAProxy closing an idle one meanwhile costs a reconnect."""
+    workers, keys = 32, [f"burst-{i}" for i in range(640)]
+    with caplog.at_level(logging.DEBUG, logger="httpcore.connection"):
+        arms = _arms(gw, keys, workers=workers)  # every key answered 200
+    connects = [r for r in caplog.records if r.getMessage().startswith("connect_tcp.started")]
+    assert len(arms) == len(keys)
+    assert len(connects) <= 2 * workers, f"{len(connects)} connections for {len(keys)} requests"
 
 
 def test_sticky_and_monotone_widening(gw):
