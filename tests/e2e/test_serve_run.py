@@ -224,3 +224,42 @@ def test_the_readme_tour_runs_as_written(served):
         if action == step:
             step = next(expected, None)
     assert step is None, f"the tour's changes are not all in the audit, in order: {tour}"
+
+
+RAMP_PLAN = """\
+window_s: 5
+gates:
+  min_samples: 5
+  error_rate_delta: 0.05
+steps:
+  - {percent: 5, min_duration_s: 2, min_samples: 5}
+  - {percent: 25, min_duration_s: 2, min_samples: 5}
+  - {percent: 100, min_duration_s: 2, min_samples: 5}
+"""
+RAMP_S = 180  # 5 -> 25 -> 100 %, each step a few seconds of traffic and an evaluation
+
+
+def test_what_auto_serves_passes_verify_and_a_ramp_climbs_on_it(served, tmp_path):
+    """`auto` judged its choice with verify's rule and a margin on the validation split; verify
+    of the served pair on the held-out split passes with the default thresholds and stores its
+    verdict, and a ramp (no --force) climbs to 100 % on it under steady traffic."""
+    client, env = served
+    verify = subprocess.run([str(BIN / "rollout"), "verify", "--quiet"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "verdict: PASS" in verify.stdout and "verdict stored" in verify.stdout
+    _rollout(env, "canary", "0", "--yes", "--reason", "e2e: a ramp starts below its first step")
+    plan = tmp_path / "ramp.yaml"
+    plan.write_text(RAMP_PLAN)
+    _rollout(env, "ramp", "start", str(plan), "--reason", "e2e: climb on the verdict")
+    deadline, sent = time.monotonic() + RAMP_S, 0
+    while (ramp := json.loads(_rollout(env, "ramp", "status", "--json").stdout)["ramp"])[
+            "status"] == "running":
+        assert time.monotonic() < deadline, f"the ramp did not reach 100 % in {RAMP_S} s: {ramp}"
+        for _ in range(20):  # steady traffic over many routing keys
+            answer = client.post("/v1/predict", json={"inputs": ["steady traffic"]},
+                                 headers={"X-Routing-Key": f"user-{sent}"})
+            assert answer.status_code == 200
+            sent += 1
+    assert ramp["status"] == "promoted", ramp
+    assert json.loads(_rollout(env, "status", "--json").stdout)["canary_bp"] == 10_000
