@@ -79,10 +79,10 @@ class Thresholds(BaseModel):
     def with_margin(self, margin: float) -> Thresholds:
         """These thresholds with every bar of agreement, cosine and recall raised by `margin`
         (at most 1): `auto`'s judgement on the validation split (serve.recipes.auto.choose)."""
-        raised = ("min_agreement", "min_lower_bound", "min_slice_agreement", "min_recall_at_10")
-        update = {name: min(1.0, getattr(self, name) + margin) for name in raised}
-        update["min_cosine_p1"] = min(1.0, self.min_cosine_p1 + margin)
-        return self.model_copy(update=update)
+        raised = ("min_agreement", "min_lower_bound", "min_cosine_p1", "min_slice_agreement",
+                  "min_recall_at_10")
+        return self.model_copy(update={name: min(1.0, getattr(self, name) + margin)
+                                       for name in raised})
 
 
 def thresholds_from(settings: VerifySettings) -> Thresholds:

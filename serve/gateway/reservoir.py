@@ -64,7 +64,7 @@ class Reservoir:
             if len(self) >= K:
                 index = self.rows[:len(self)]
                 scores = base @ index.T  # the baseline's similarities
-                kth = np.sort(scores, axis=1)[:, -K]
+                kth = np.partition(scores, -K, axis=1)[:, -K]
                 found = [tie_hits(row[got].tolist(), bar, self.tolerance)
                          for row, got, bar in zip(scores, _top(index, opt), kth, strict=True)]
             for row in base:

@@ -485,22 +485,30 @@ def test_a_candidate_tuned_to_the_calibration_split_is_refused_on_the_validation
     assert slower.agreement is None and slower.n == 0 and not slower.passed
 
 
-def test_a_candidate_whose_point_estimate_passes_and_bound_fails_is_not_served(settings):
-    """bf16 (fastest, preferred) flips 14 near ties of the 931 validation inputs: 98.5 %
-    agreement passes the 0.98 point bar, its Wilson lower bound (0.975) does not. verify would
-    refuse it, so `auto` serves the next candidate that passes, and says why on the console
-    and in `describe` (what `rollout status` shows)."""
-    settings = settings.model_copy(update={"verify_auto_margin": 0.0})  # verify's bars
-    clock, lines = FakeClock(start=0.0), []
+def choose_near_tie_bf16(settings, progress=None):
+    """`choose` with real `measure` where bf16 (fastest, preferred) flips 14 near ties of the
+    931 validation inputs (98.5 %, Wilson lower bound 0.975) and the int8 runtimes and
+    onnx-fp32 agree everywhere, each slower than the one before."""
+    clock = FakeClock(start=0.0)
     variant = StubVariant({
         "bf16": StubModel(cost=0.5, flips_near_ties=True),
         "ov-int8": StubModel(cost=1.0),
         "ct2-int8": StubModel(cost=2.0),
         "onnx-fp32": StubModel(cost=2.5),
     }, clock, near_ties=frozenset(range(3, 50, 12)))
-    choice = choose(*auto_groups(settings), variant, weights=WEIGHTS, device="cpu",
-                    hardware=SAPPHIRE, measure=functools.partial(measure, timer=clock.monotonic),
-                    clock=clock, progress=lambda line, _: lines.append(line))
+    return choose(*auto_groups(settings), variant, weights=WEIGHTS, device="cpu",
+                  hardware=SAPPHIRE, measure=functools.partial(measure, timer=clock.monotonic),
+                  clock=clock, progress=progress)
+
+
+def test_a_candidate_whose_point_estimate_passes_and_bound_fails_is_not_served(settings):
+    """bf16 (fastest, preferred) flips 14 near ties of the 931 validation inputs: 98.5 %
+    agreement passes the 0.98 point bar, its Wilson lower bound (0.975) does not. verify would
+    refuse it, so `auto` serves the next candidate that passes, and says why on the console
+    and in `describe` (what `rollout status` shows)."""
+    lines = []
+    choice = choose_near_tie_bf16(settings.model_copy(update={"verify_auto_margin": 0.0}),
+                                  progress=lambda line, _: lines.append(line))  # verify's bars
 
     bf16 = choice.evidence_for("bf16")
     assert bf16.n == 931 and bf16.confident_flips == 0 and 0.98 <= bf16.agreement < 0.99
@@ -520,19 +528,9 @@ def test_the_margin_refuses_a_candidate_at_verifys_bar_and_describe_names_the_cl
     `auto` refuses it, since verify on another split of the same size could read it below
     0.97. The served candidate's figure closest to its raised bar is named in `describe`."""
     def pick(margin: float):
-        clock = FakeClock(start=0.0)
-        variant = StubVariant({
-            "bf16": StubModel(cost=0.5, flips_near_ties=True),
-            "ov-int8": StubModel(cost=1.0),
-            "ct2-int8": StubModel(cost=2.0),
-            "onnx-fp32": StubModel(cost=2.5),
-        }, clock, near_ties=frozenset(range(3, 50, 12)))
-        groups = settings.model_copy(update={"verify_auto_margin": margin,
-                                             "verify_min_lower_bound": 0.97,
-                                             "verify_min_agreement": 0.97})
-        return choose(*auto_groups(groups), variant, weights=WEIGHTS, device="cpu",
-                      hardware=SAPPHIRE, clock=clock,
-                      measure=functools.partial(measure, timer=clock.monotonic))
+        return choose_near_tie_bf16(settings.model_copy(update={
+            "verify_auto_margin": margin, "verify_min_lower_bound": 0.97,
+            "verify_min_agreement": 0.97}))
 
     assert pick(0.0).recipe == "bf16"
     raised = pick(0.01)
