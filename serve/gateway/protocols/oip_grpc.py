@@ -180,15 +180,20 @@ def _handlers(service: GrpcService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
+def _bracketed(host: str) -> str:
+    """An IPv6 address in brackets, as a gRPC address wants it."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 async def serve_grpc(gateway: Any, serving: ServingSettings) -> grpc.aio.Server | None:
-    """The service on `grpc_port` of this replica (replicas on one node share the port), or
-    None when it is off (0) or the port cannot be had (logged; HTTP serves on)."""
+    """The service on `listen_host`:`grpc_port` of this replica (replicas on one node share the
+    port), or None when it is off (0) or the port cannot be had (logged; HTTP serves on)."""
     if not serving.grpc_port:
         return None
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
     server.add_generic_rpc_handlers((_handlers(GrpcService(gateway, serving)),))
     try:
-        server.add_insecure_port(f"0.0.0.0:{serving.grpc_port}")
+        server.add_insecure_port(f"{_bracketed(serving.listen_host)}:{serving.grpc_port}")
         await server.start()
     except RuntimeError as exc:
         log.warning("gRPC on port %s is off: %s", serving.grpc_port, exc)
