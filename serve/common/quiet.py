@@ -9,6 +9,8 @@ project's call runs (`quiet`). Everything else those libraries log still reaches
 - torchao (`torchao`, `torchao.kernel.intmm`), imported by transformers there too: "Failed to
   load .../torchao/_C_....so" for each kernel library built for GPUs, and "Detected no
   triton": a CPU build has neither, and nothing here uses them.
+- transformers (`transformers.configuration_utils`): "`torch_dtype` is deprecated! Use `dtype`
+  instead!", when CTranslate2's converter reads a model's config (serve.recipes.ct2_int8).
 - transformers (`transformers.modeling_utils`): "`loss_type=None` was set in the config but it
   is unrecognized", when TorchScript traces a model and reads every attribute, its training
   loss among them (never used in serving).
@@ -24,6 +26,7 @@ NOISE = [
     ("torch.utils._pytree", "register_constant() on Enum subclasses is deprecated"),
     ("torchao", "Failed to load"),
     ("torchao.kernel.intmm", "Detected no triton"),
+    ("transformers.configuration_utils", "`torch_dtype` is deprecated"),
     ("transformers.modeling_utils", "was set in the config but it is unrecognized"),
 ]
 

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from serve.common.quiet import quiet
 from serve.recipes.artifact import artifact_root, load_or_build
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ def build(variant, source: Path, weights: str, progress=None) -> tuple[Ct2Model,
     def convert(work: Path) -> tuple[dict, dict]:
         say(f"converting {source.name} to CTranslate2 int8")
         converter = ctranslate2.converters.TransformersConverter(str(_with_defaults(source, work)))
-        converter.convert(str(work / "model"), quantization="int8", force=True)
+        with quiet():  # the converter reads the config's deprecated `torch_dtype`
+            converter.convert(str(work / "model"), quantization="int8", force=True)
         for name in FILES:
             (work / "model" / name).replace(work / name)
         return {"quantization": "int8"}, {}

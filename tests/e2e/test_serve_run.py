@@ -4,110 +4,110 @@ real Redis server, driven over HTTP and by the `rollout` CLI."""
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from serve import ray_env
+from serve import local_start, ray_env
 from serve.recipes.auto.choose import candidates, detect_hardware
+from tests.e2e import gateway
+from tests.e2e.gateway import BIN, ROOT, URL
 from tests.servers import RedisServer
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-URL = "http://127.0.0.1:8000"
-# `auto` measures its candidates on the first start on a machine (serve.recipes.auto.choose):
-# minutes once
-FIRST_START_S = 600
-STOP_S = 20  # Ctrl-C to exit, at most (it takes ~10 s on 2 cores)
 
-
-def _rss_mib(session_leader: int) -> float:
-    """Resident memory of every process in the gateway's session (Ray included), in MiB."""
-    total = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(proc.name)) != session_leader:
-                continue
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except (OSError, ProcessLookupError):
-            continue
-    return total / 1024
-
-
-def _hears_ctrl_c() -> None:
-    """In the child before exec: SIGINT as in a terminal. A test run started in the background
-    (`ops/test.sh &`, a CI runner) inherits SIGINT ignored, and `serve run` would then never
-    hear the Ctrl-C the teardown sends."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@dataclass
+class Served:
+    client: httpx.Client
+    env: dict[str, str]
+    proc: subprocess.Popen
+    console: Path  # what `serve run` printed
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with httpx.Client() as probe:
-        try:
-            probe.get(URL + "/healthz", timeout=0.5)
-            pytest.fail("something already listens on 127.0.0.1:8000; stop it first")
-        except httpx.TransportError:
-            pass
+def served(tmp_path_factory, auto_cache):
+    gateway.nothing_on_port_8000()
     redis = RedisServer().start()
-    cache = tmp_path_factory.mktemp("cache")  # a new user's: `auto` measures, artifacts are built
-    env = dict(os.environ, REDIS_URL=redis.url, PATH=f"{BIN}:{os.environ['PATH']}",
-               PYTHONFAULTHANDLER="1",
-               CANARY_AUTO_CHOICE_DIR=str(cache / "auto"), CANARY_ONNX_DIR=str(cache / "onnx"))
-    ray_env.apply(env, throwaway=True)  # what ops/run.sh exports before `serve run`
-    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
+    env = gateway.environment(redis.url, auto_cache)
+    console = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = console.open("w")
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [str(BIN / "serve"), "run", "serve.config:app"], cwd=ROOT, env=env,
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=_hears_ctrl_c,
-    )
+    proc = gateway.start(env, log)
     client = httpx.Client(base_url=URL, timeout=30)
     try:
-        deadline = started + FIRST_START_S
-        while True:
-            assert proc.poll() is None, f"serve run exited early, see {log.name}"
-            try:
-                response = client.post("/v1/predict", json={"inputs": ["hello"]})
-                if response.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"no 200 within {FIRST_START_S} s, see {log.name}"
-            time.sleep(0.25)
-        first_200 = time.monotonic() - started
-        print(f"\n[e2e] serve run to first 200: {first_200:.1f} s; "
-              f"memory of the running app: {_rss_mib(proc.pid):.0f} MiB RSS")
-        yield client, env
+        gateway.first_200(proc, client, log.name)
+        print(f"\n[e2e] serve run to first 200: {time.monotonic() - started:.1f} s; "
+              f"memory of the running app: {gateway.rss_mib(proc.pid):.0f} MiB RSS")
+        yield Served(client, env, proc, console)
     finally:
         client.close()
-        stopping = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         try:
-            proc.wait(STOP_S)
-            print(f"\n[e2e] Ctrl-C to exit: {time.monotonic() - stopping:.1f} s")
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGABRT)  # PYTHONFAULTHANDLER: where it hangs, in the log
-            time.sleep(1)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            print(f"\n[e2e] serve run still running {STOP_S} s after Ctrl-C, killed; "
-                  f"its stacks are in {log.name}")
+            gateway.ctrl_c(proc, log.name)
         finally:
             ray_env.reap_orphaned_haproxies()
         log.close()
         redis.cleanup()
+
+
+# a line a new user reads as an error: a Python warning, a deprecation, the noise of
+# serve.common.quiet
+NOISY = re.compile(r"\w*Warning: |deprecat|loss_type|Failed to load|Detected no triton",
+                   re.IGNORECASE)
+
+
+def test_the_first_starts_console_has_no_third_party_warnings(served):
+    """The module's start is the first on the machine (`auto` measured every candidate)."""
+    lines = served.console.read_text(errors="replace").splitlines()
+    assert any("optimized model: auto" in line for line in lines)  # the project's own lines
+    noisy = [line for line in lines if NOISY.search(line)]
+    assert not noisy, "\n".join(noisy)
+
+
+def _allowlist() -> list[tuple[str, str]]:
+    """(process, port) rows of docs/cluster.md's list of what a default run binds beyond the
+    loopback, each with its reason there."""
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    table = doc.split("<!-- beyond-loopback:start -->", 1)[1].split(
+        "<!-- beyond-loopback:end -->", 1)[0]
+    rows = [line for line in table.strip().splitlines()[2:] if line.startswith("|")]
+    found = []
+    for row in rows:
+        process, port, reason = (cell.strip() for cell in row.strip("|").split("|"))
+        assert reason, f"an entry without its reason: {row}"
+        found.append((process.strip("`"), port))
+    return found
+
+
+def test_nothing_listens_beyond_the_loopback_but_the_documented_allowlist(served):
+    allowed = _allowlist()
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ephemeral = range(low, high + 1)
+    own = {8000: "HAProxy (HTTP)", 8001: "gRPC"}  # and the direct ingress, 30000 up: not ephemeral
+    deadline = time.monotonic() + 15  # HAProxy reloads as backends change: a new process
+    listening = gateway.listeners(served.proc.pid)
+    while not own.keys() <= {port for *_, port in listening}:
+        assert time.monotonic() < deadline, f"the gateway's doors are not all up: {listening}"
+        time.sleep(0.5)
+        listening = gateway.listeners(served.proc.pid)
+    beyond = [(pid, command, host, port) for pid, command, host, port in listening
+              if not local_start.is_loopback(host)]
+    for pid, command, host, port in beyond:
+        assert port not in own, f"{own[port]} on {host}:{port}, beyond the loopback"
+        assert any(command.startswith(process) and (kind == "ephemeral" and port in ephemeral
+                                                    or kind == str(port))
+                   for process, kind in allowed), (
+            f"{command} (pid {pid}) listens on {host}:{port}, not in docs/cluster.md's list")
+    per_process = Counter(pid for pid, *_ in beyond)
+    assert all(count == 1 for count in per_process.values()), beyond
+    targets = served.client.get("/v1/metrics/targets").json()
+    hosts = {target.split(":")[0] for group in targets for target in group["targets"]}
+    assert hosts and all(map(local_start.is_loopback, hosts)), targets  # the metrics ports
 
 
 def _rollout(env, *args) -> subprocess.CompletedProcess:
@@ -125,7 +125,7 @@ def _arm_within(client, arm: str, seconds: float) -> None:
 
 
 def test_quick_start_serves_the_default_model(served):
-    client, env = served
+    client, env = served.client, served.env
     inputs = ["The new GPU doubles inference speed", "The match was a draw"]
     response = client.post("/v1/predict", json={"inputs": inputs})
     assert response.status_code == 200
@@ -149,7 +149,7 @@ def test_quick_start_serves_the_default_model(served):
 
 
 def test_cli_moves_traffic_and_kill_switch_pulls_it_back(served):
-    client, env = served
+    client, env = served.client, served.env
     _rollout(env, "canary", "100", "--yes", "--reason", "e2e: everything to the canary")
     bound = json.loads(_rollout(env, "status", "--json").stdout)
     [report] = bound["gateways"]
@@ -189,7 +189,7 @@ def _tour_commands() -> list[str]:
 
 def test_the_readme_tour_runs_as_written(served):
     """Every command of the README's five-minute tour answers 0, in order, on a fresh rollout."""
-    client, env = served
+    env = served.env
     if not (ROOT / ".venv/bin/activate").exists() or shutil.which("curl") is None:
         pytest.skip("the tour needs ops/run.sh's .venv and curl")
     # a fresh start: the share at 0 %, and the gateway has reported what it serves
@@ -243,7 +243,7 @@ def test_what_auto_serves_passes_verify_and_a_ramp_climbs_on_it(served, tmp_path
     """`auto` judged its choice with verify's rule and a margin on the validation split; verify
     of the served pair on the held-out split passes with the default thresholds and stores its
     verdict, and a ramp (no --force) climbs to 100 % on it under steady traffic."""
-    client, env = served
+    client, env = served.client, served.env
     verify = subprocess.run([str(BIN / "rollout"), "verify", "--quiet"], env=env,
                             capture_output=True, text=True, timeout=600)
     assert verify.returncode == 0, verify.stdout + verify.stderr

