@@ -23,8 +23,7 @@ export PATH="$root/.venv/bin:$PATH"
 # Ray Serve's throughput mode and direct ingress through HAProxy (serve/ray_env.py says why);
 # a value already in the environment wins.
 eval "$(python -m serve.ray_env)"
-# An HAProxy left behind by a gateway that was killed would still hold port 8000: stop such
-# orphans before starting and after `serve run` exits, however it exits.
-python -m serve.ray_env --reap
-trap 'python -m serve.ray_env --reap' EXIT
-serve run serve.config:app "$@"
+# `serve run` in this process's place, so that a supervisor's SIGTERM reaches it: it stops an
+# HAProxy a killed gateway left before it starts, and its own HAProxy goes with it however it
+# stops (docs/production.md, "Stopping the gateway").
+exec serve run serve.config:app "$@"

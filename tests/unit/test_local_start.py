@@ -113,7 +113,10 @@ def test_orphans_are_stopped_with_sigkill_for_one_that_ignores_sigterm(monkeypat
 
 
 def test_only_serve_run_starting_its_own_ray_is_a_local_start(monkeypatch):
+    import ray
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # whatever an earlier test left
     assert local_start.starts_local_ray() is None  # no command: a test, a notebook
     params = {"address": None, "runtime_env": None, "runtime_env_json": None,
               "working_dir": None}
