@@ -39,8 +39,6 @@ from rollout.settings import ServingSettings
 from serve import ray_env
 from serve.common.quiet import silence
 
-# Seconds an orphaned HAProxy gets to exit after SIGTERM before it is killed
-REAP_GRACE_S = 3.0
 # Seconds a SIGTERM waits to see whether Ray's own processes got it too
 RAY_STOPPING_S = 1.0
 
@@ -108,29 +106,10 @@ def node_on_loopback(environ: dict[str, str] | os._Environ = os.environ) -> bool
 
 
 def reap(log: Callable[[str], None] = say) -> list[tuple[int, str]]:
-    """Stops every orphaned HAProxy, SIGKILL after `REAP_GRACE_S`; each as (pid, what it
-    held)."""
+    """Stops every orphaned HAProxy (serve.ray_env `stop`); each as (pid, what it held)."""
     found = [(pid, _held(pid)) for pid in ray_env.orphaned_haproxies()]
-    for pid, _ in found:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + REAP_GRACE_S
-    for pid, _ in found:
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
-            log(f"HAProxy {pid} did not exit on SIGTERM; killing it")
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    ray_env.stop([pid for pid, _ in found], log)
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _held(pid: int) -> str:

@@ -50,6 +50,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -111,6 +112,8 @@ HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT
 HAPROXY_DIR = Path(os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
                                   "/tmp/haproxy-serve/haproxy.cfg")).parent
 ALL_INTERFACES = ("0.0.0.0", "::", "*")
+# Seconds an orphaned HAProxy gets to exit after SIGTERM before it is killed
+REAP_GRACE_S = 3.0
 
 
 def apply(environ: MutableMapping[str, str] = os.environ, *, throwaway: bool = False
@@ -227,7 +230,7 @@ def orphaned_haproxies(proc: Path = Path("/proc"), config_dir: Path = HAPROXY_DI
             args = (entry / "cmdline").read_bytes().split(b"\0")
             if not args[0].endswith(b"haproxy") or not _under(_config_of(args), config_dir):
                 continue
-            ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            ppid = _stat(entry)[1]
         except (OSError, IndexError):
             continue
         try:
@@ -250,14 +253,40 @@ def _under(path: str, folder: Path) -> bool:
     return bool(path) and Path(path).is_relative_to(folder)
 
 
-def reap_orphaned_haproxies() -> list[int]:
-    """Stops every orphaned HAProxy (see `orphaned_haproxies`); returns their pids."""
-    reaped = []
-    for pid in orphaned_haproxies():
+def reap_orphaned_haproxies(log: Callable[[str], object] = lambda line: None) -> list[int]:
+    """Stops every orphaned HAProxy (see `orphaned_haproxies`, `stop`); returns their pids."""
+    reaped = orphaned_haproxies()
+    stop(reaped, log)
+    return reaped
+
+
+def stop(pids: list[int], log: Callable[[str], object]) -> None:
+    """SIGTERM to each of `pids`, SIGKILL (said in `log`) to each still running
+    `REAP_GRACE_S` later."""
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
-            reaped.append(pid)
-    return reaped
+    deadline = time.monotonic() + REAP_GRACE_S
+    for pid in pids:
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(pid):
+            log(f"HAProxy {pid} did not exit on SIGTERM; killing it")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet waited for, does not)."""
+    try:
+        return _stat(proc / str(pid))[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stat(process: Path) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name, from its state (field 3) on."""
+    return (process / "stat").read_text().rsplit(")", 1)[1].split()
 
 
 def exports(environ: MutableMapping[str, str] = os.environ) -> str:
@@ -275,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                         "shut down cleanly, and say which")
     args = parser.parse_args(argv)
     if args.reap:
-        for pid in reap_orphaned_haproxies():
+        for pid in reap_orphaned_haproxies(lambda line: print(f"ray_env: {line}",
+                                                                file=sys.stderr)):
             print(f"ray_env: stopped HAProxy {pid}, left behind by a Ray cluster that is gone",
                   file=sys.stderr)
         return 0

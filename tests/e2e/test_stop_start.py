@@ -37,14 +37,6 @@ def _kill_hard(leader: int) -> list[int]:
     return haproxies
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait(condition, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -73,21 +65,21 @@ def test_a_start_after_a_hard_kill_stops_the_orphan_and_leaves_none_itself(
         [orphan] = _kill_hard(first.pid)
         first.wait(10)
         time.sleep(2)  # what Ray's processes do as they die
-        assert _alive(orphan) and orphan in ray_env.orphaned_haproxies()
+        assert ray_env.alive(orphan) and orphan in ray_env.orphaned_haproxies()
 
         console = tmp_path / "second.log"
         with console.open("w") as log:
             second = gateway.start(gateway.environment(redis.url, auto_cache), log)
             took = gateway.first_200(second, client, log.name, WARM_START_S)
         print(f"\n[e2e] start after a hard kill, to first 200: {took:.1f} s")
-        assert not _alive(orphan)
+        assert not ray_env.alive(orphan)
         said = [line for line in console.read_text().splitlines()
                 if line.startswith(f"start: stopped HAProxy {orphan} ")]
         assert said and "127.0.0.1:8000" in said[0], console.read_text()[-3000:]
 
         [own] = _kill_hard(second.pid)
         second.wait(10)
-        _wait(lambda: not _alive(own), GONE_S, "HAProxy outlived the Ray that started it")
+        _wait(lambda: not ray_env.alive(own), GONE_S, "HAProxy outlived the Ray that started it")
         assert not ray_env.orphaned_haproxies()
     finally:
         client.close()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from serve import haproxy_launcher as launcher
+from serve import ray_env
 
 LAUNCHER = Path(launcher.__file__)
 # the lines of Serve's HAProxy template that bind, as Ray 2.60 writes them
@@ -102,14 +103,6 @@ def test_no_binary_or_itself_is_refused_with_a_clear_line(tmp_path):
         assert "GATEWAY_HAPROXY_BINARY names no HAProxy binary" in done.stderr
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
-
-
 def test_haproxy_gets_sigterm_when_the_process_that_started_it_is_killed(tmp_path):
     """The parent starts the launcher and is SIGKILLed, as a Ray proxy is when its cluster is
     killed; the program the launcher exec'd exits on the kernel's SIGTERM."""
@@ -122,10 +115,10 @@ def test_haproxy_gets_sigterm_when_the_process_that_started_it_is_killed(tmp_pat
         env=_env(_fake_haproxy(tmp_path), ""), stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     _wait_for(tmp_path / "argv")  # exec'd: the fake binary runs
-    assert not _gone(child)
+    assert ray_env.alive(child)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 10
-    while not _gone(child):
+    while ray_env.alive(child):
         assert time.monotonic() < deadline, "HAProxy outlived the process that started it"
         time.sleep(0.05)

@@ -104,7 +104,7 @@ def test_orphans_are_stopped_with_sigkill_for_one_that_ignores_sigterm(monkeypat
     stubborn.stdout.readline()  # its handler is in place
     monkeypatch.setattr(local_start.ray_env, "orphaned_haproxies",
                         lambda: [polite.pid, stubborn.pid])
-    monkeypatch.setattr(local_start, "REAP_GRACE_S", 0.5)
+    monkeypatch.setattr(local_start.ray_env, "REAP_GRACE_S", 0.5)
     said: list[str] = []
     found = local_start.reap(said.append)
     assert [pid for pid, _ in found] == [polite.pid, stubborn.pid]

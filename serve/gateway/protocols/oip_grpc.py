@@ -32,6 +32,7 @@ from serve.gateway.protocols.grpc_wire import CLASSES, SERVICE
 from serve.gateway.protocols.oip import INPUT, SERVER, InferInput, InferRequest, OipDoor, Plan
 from serve.gateway.protocols.tensors import bytes_elements
 from serve.gateway.schemas import check_inputs
+from serve.telemetry.metrics_targets import address
 
 log = logging.getLogger("canary.grpc")
 GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
@@ -180,11 +181,6 @@ def _handlers(service: GrpcService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
-def _bracketed(host: str) -> str:
-    """An IPv6 address in brackets, as a gRPC address wants it."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
 async def serve_grpc(gateway: Any, serving: ServingSettings) -> grpc.aio.Server | None:
     """The service on `listen_host`:`grpc_port` of this replica (replicas on one node share the
     port), or None when it is off (0) or the port cannot be had (logged; HTTP serves on)."""
@@ -193,7 +189,7 @@ async def serve_grpc(gateway: Any, serving: ServingSettings) -> grpc.aio.Server 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
     server.add_generic_rpc_handlers((_handlers(GrpcService(gateway, serving)),))
     try:
-        server.add_insecure_port(f"{_bracketed(serving.listen_host)}:{serving.grpc_port}")
+        server.add_insecure_port(address(serving.listen_host, serving.grpc_port))
         await server.start()
     except RuntimeError as exc:
         log.warning("gRPC on port %s is off: %s", serving.grpc_port, exc)
