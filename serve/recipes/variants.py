@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
@@ -260,13 +261,21 @@ class Variant:
         if task == "embed":
             if self.has_head:
                 raise ValueError("this model is a classifier: it has no `embed` task")
-            return [{"embedding": [round(v, 6) for v in row]} for row in rows.tolist()]
+            return [{"embedding": row} for row in rounded(rows)]
         scores = self.scores(rows)
         top = scores.argmax(-1).tolist()
         return [
-            {
-                "label": self.labels[best],
-                "scores": dict(zip(self.labels, (round(s, 6) for s in row), strict=True)),
-            }
-            for best, row in zip(top, scores.tolist(), strict=True)
+            {"label": self.labels[best], "scores": dict(zip(self.labels, row, strict=True))}
+            for best, row in zip(top, rounded(scores), strict=True)
         ]
+
+
+def rounded(rows: torch.Tensor) -> list[list[float]]:
+    """Rows as lists of floats rounded to 6 decimals, all at once (numpy: the nearest double to
+    each 6-decimal value, which the answers' JSON writes in at most 6 decimals). A NaN or an
+    infinity is the model's failure, not an answer: it raises here, so the request fails (and
+    a canary's falls back) rather than answering `null` (serve.common.json_body)."""
+    values = rows.detach().to("cpu", torch.float64).numpy()
+    if not np.isfinite(values).all():
+        raise ValueError("the model produced a non-finite value (NaN or infinity)")
+    return np.round(values, 6).tolist()

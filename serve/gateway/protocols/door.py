@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from rollout.settings import AdmissionSettings, ModelSettings
 from serve.common.errors import GatewayError, id_headers, to_response
+from serve.common.json_body import JSONBody
 from serve.gateway.schemas import parse_predict
 
 PACKAGED_NAME = "all-MiniLM-L6-v2"  # the packaged model's name (its folder is called `model`)
@@ -132,7 +133,7 @@ class FrontDoor:
     def answer(self, body: dict, tokens: int, parsed: Parsed) -> Response:
         """The 200 response for the gateway's native answer `body` to `parsed`; `tokens`:
         the request's tokens."""
-        return JSONResponse(body)
+        return JSONBody(body)
 
     def error(self, exc: GatewayError, request_id: str, incoming: str | None) -> Response:
         return to_response(exc, request_id, incoming)

@@ -17,7 +17,6 @@ malformed request, 404 for another model, the gateway's statuses otherwise.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from serve.common.errors import GatewayError
+from serve.common.json_body import JSONBody, dumps
 from serve.gateway.protocols.door import BadRequest, FrontDoor, Parsed, error_headers, first_error
 from serve.gateway.protocols.tensors import (
     HEADER_LENGTH,
@@ -201,8 +201,8 @@ class OipDoor(FrontDoor):
         answer = {"model_name": self.served.name, "model_version": body["model_version"],
                   "outputs": tensors, **({"id": plan.id} if plan.id is not None else {})}
         if not blobs:
-            return JSONResponse(answer)
-        header = json.dumps(answer, separators=(",", ":")).encode()
+            return JSONBody(answer)
+        header = dumps(answer)
         return Response(header + b"".join(blobs), media_type="application/octet-stream",
                         headers={HEADER_LENGTH: str(len(header))})
 

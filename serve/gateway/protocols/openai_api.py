@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from serve.common.errors import GatewayError
+from serve.common.json_body import JSONBody
 from serve.gateway.protocols.door import BadRequest, FrontDoor, Parsed, error_headers, first_error
 from serve.gateway.schemas import check_inputs
 
@@ -130,8 +131,8 @@ class OpenAIDoor(FrontDoor):
         encode = _base64 if parsed.options == "base64" else _floats
         data = [{"object": "embedding", "index": i, "embedding": encode(out["embedding"])}
                 for i, out in enumerate(body["outputs"])]
-        return JSONResponse({"object": "list", "data": data, "model": self.served.name,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        return JSONBody({"object": "list", "data": data, "model": self.served.name,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     def models(self) -> dict:
         """`GET /v1/models`."""

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rollout.settings import AdmissionSettings, BatchingSettings
 from serve.common.errors import GatewayError
+from serve.common.json_body import JSONBody
 from serve.gateway.protocols.door import BadRequest, FrontDoor, Parsed, error_headers, first_error
 from serve.gateway.schemas import check_inputs
 
@@ -147,7 +148,7 @@ class TeiEmbedDoor(TeiDoor):
         return Parsed(_texts(asked.inputs, self.limits), "embed")
 
     def answer(self, body: dict, tokens: int, parsed: Parsed) -> Response:
-        return JSONResponse([out["embedding"] for out in body["outputs"]])
+        return JSONBody([out["embedding"] for out in body["outputs"]])
 
 
 class TeiPredictDoor(TeiDoor):
@@ -160,4 +161,4 @@ class TeiPredictDoor(TeiDoor):
         ranked = [sorted(({"label": label, "score": score}
                           for label, score in out["scores"].items()),
                          key=lambda p: -p["score"]) for out in body["outputs"]]
-        return JSONResponse(ranked[0] if parsed.options else ranked)
+        return JSONBody(ranked[0] if parsed.options else ranked)
