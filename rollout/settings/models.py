@@ -85,6 +85,13 @@ class ModelSettings(BaseSettings):
         "one; the kill switch and a stale state count as all baseline ([compute follows the "
         "share](production.md#compute-follows-the-share))"
     )
+    yield_to_neighbours: bool = Field(
+        True, description="a model replica in a process of its own runs a small batch on one "
+        "thread fewer while its machine is saturated (idle cores read from `/proc/stat`), "
+        "leaving the gateway and the other processes beside it a core ([leaving the "
+        "neighbours a core](production.md#leaving-the-neighbours-a-core)); off for a container "
+        "whose CPU quota is a part of a host"
+    )
     @field_validator("labels", mode="before")
     @classmethod
     def _split_labels(cls, value):

@@ -36,6 +36,7 @@ from serve.replica import compute
 from serve.replica.compute import ensure_threads
 from serve.replica.cputime import ForwardClock, burn_cpu, shares
 from serve.replica.faults import Faults
+from serve.replica.host_load import HostLoad
 from serve.replica.memory_trim import Trimmer, release_free_memory
 from serve.replica.thread_share import ComputeFollower, beside_loop
 from serve.replica.turns import Turns
@@ -141,6 +142,8 @@ class ModelServer:
         # loop is busy (shedding, or a share of a core), so that a batch with a backlog leaves
         # it a core
         self.loop_busy: Callable[[], bool] | None = None
+        # in a process of its own: what its neighbours on the machine use (the remote topology)
+        self.host_load = HostLoad() if settings.yield_to_neighbours else None
         share = settings.threads_per_model()
         self.arm = arm
         # built on the process's compute thread, where its forwards run (serve.replica.compute)
@@ -339,13 +342,19 @@ class ModelServer:
         outputs = self.variant.postprocess(task, rows)
         return self.faults.postprocess(task, outputs, encoded, self.variant.tokenizer)
 
-    def _batch_threads(self) -> int:
+    def _batch_threads(self, tokens: int) -> int:
         """Threads for the batch starting now: the arm's, less the event loop's core while
         requests wait behind it and the loop, which serves the gateway in this process, is
-        busy (`loop_busy`)."""
-        if self.loop_busy is None or not self.loop_busy():
+        busy (`loop_busy`: colocated); in a process of its own, one fewer for a small batch
+        (`tokens`) while the machine is saturated (serve.replica.host_load)."""
+        cores = os.cpu_count() or 1
+        if self.loop_busy is not None:
+            if not self.loop_busy():
+                return self.threads
+            return beside_loop(self.threads, cores, self.waiting)
+        if self.host_load is None:
             return self.threads
-        return beside_loop(self.threads, os.cpu_count() or 1, self.waiting)
+        return self.host_load.threads(self.threads, cores, tokens)
 
     def _computed(self, queued: list[_Queued], expired: Callable[[int], bool], threads: int):
         """A merged batch's work on the compute thread (serve.replica.compute): its forwards
@@ -442,7 +451,7 @@ class ModelServer:
         expired = _expiry([item.deadline for item in queued], estimate_s)
         try:
             rows, forward_cpu_s, forward_start, forward_end, posts = await loop.run_in_executor(
-                self._compute_thread, self._computed, queued, expired, self._batch_threads())
+                self._compute_thread, self._computed, queued, expired, self._batch_threads(tokens))
         finally:
             self._forwarding -= 1
         self._forwarded(rows, tokens)

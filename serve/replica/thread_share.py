@@ -40,6 +40,16 @@ Mechanism (`ComputeFollower`): the replica watches the rollout state (rollout.wa
 plus a poll, as a gateway does) and, when the count for its arm changes, asks the replica to
 apply it (in its forward thread, between batches: torch's thread count is per thread, and a
 runtime session is rebuilt with the new count there).
+
+Beside busy neighbours (`yielding`, `beside_neighbours`, pure): in the remote topology a model
+replica's neighbours on its machine (the gateway, HAProxy, the other arm) are other processes.
+Once the machine is saturated (under `SATURATED_IDLE` idle cores, serve.replica.host_load), a
+small batch (under `SMALL_BATCH_TOKENS`) runs on one thread fewer, as a colocated batch leaves
+its loop a core: on two threads it costs up to 40 % more CPU, which the neighbours need, and
+each OpenMP barrier waits for a thread they descheduled. It takes the core back once one is
+idle (`UNSATURATED_IDLE`). Whether requests wait behind the batch does not matter here: the
+gateway sends one coalesced call per arm at a time, so in a closed loop of single texts every
+waiting request rides the batch.
 """
 
 from __future__ import annotations
@@ -65,6 +75,30 @@ def beside_loop(threads: int, cores: int, backlog: int) -> int:
     """Threads of a batch in a process whose event loop also serves the requests and is busy:
     `threads`, but at most `cores - 1` (at least 1) while `backlog` requests wait behind it."""
     if backlog <= 0:
+        return threads
+    return max(1, min(threads, cores - 1))
+
+
+# a batch of fewer tokens gains little from a second thread and costs more CPU: fp32
+# all-MiniLM-L6-v2 on 2 cores, 16 short texts (~220 tokens) 3.2 CPU ms per text on two threads
+# against 2.3 on one; 64 (~900 tokens) 2.25 against 2.5 (docs/benchmarks.md)
+SMALL_BATCH_TOKENS = 512
+# idle cores under which the machine counts as saturated, and over which a replica that left
+# its neighbours a core takes it back (a core left free shows as idle while they do not use it)
+SATURATED_IDLE, UNSATURATED_IDLE = 0.25, 0.75
+
+
+def yielding(idle: float, was: bool) -> bool:
+    """Whether a remote model replica's small batches leave its machine a core, given the
+    machine's `idle` cores and whether they did so far (`was`): from saturation until a core
+    is idle again."""
+    return idle < (UNSATURATED_IDLE if was else SATURATED_IDLE)
+
+
+def beside_neighbours(threads: int, cores: int, tokens: int, yields: bool) -> int:
+    """Threads of a batch of `tokens` in a process of its own: `threads`, but at most `cores - 1`
+    (at least 1) for a small batch while the replica `yields` (`yielding`)."""
+    if not yields or tokens >= SMALL_BATCH_TOKENS:
         return threads
     return max(1, min(threads, cores - 1))
 

@@ -250,7 +250,7 @@ def test_a_colocated_server_leaves_a_shedding_loop_a_core(two_servers, monkeypat
     """A server told when its process's event loop is busy (serve.gateway.colocated
     `share_loop`) runs a batch with requests queued behind it on at most cores - 1 threads
     while the loop is busy, and on all of its own otherwise; a remote model replica (never
-    told) always on its own."""
+    told) on its own unless its machine is saturated (tests/unit/test_host_load.py)."""
     from serve.gateway.colocated import share_loop
     from serve.replica import model_server
 
@@ -258,15 +258,16 @@ def test_a_colocated_server_leaves_a_shedding_loop_a_core(two_servers, monkeypat
     monkeypatch.setattr(model_server.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(server, "threads", 2)
     server.waiting = 3
-    assert server._batch_threads() == 2  # as a remote replica: nobody says the loop is busy
+    monkeypatch.setattr(server, "host_load", None)  # the machine's load aside (host_load)
+    assert server._batch_threads(100) == 2  # as a remote replica: nobody says the loop is busy
     busy = [True]
     share_loop({"baseline": LocalHandle(server)}, lambda: busy[0])
-    assert server._batch_threads() == 1
+    assert server._batch_threads(100) == 1
     busy[0] = False
-    assert server._batch_threads() == 2  # not shedding: every thread
+    assert server._batch_threads(100) == 2  # not shedding: every thread
     busy[0] = True
     server.waiting = 0
-    assert server._batch_threads() == 2  # nothing behind the batch
+    assert server._batch_threads(100) == 2  # nothing behind the batch
 
     seen: list[int] = []
     original = model_server.ensure_threads
