@@ -139,6 +139,7 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
         # a named recipe: `auto` would measure its candidates at start (serve.recipes.auto.choose)
         "optimized_recipe": "bf16",
         "telemetry_flush_s": 0.05, "device_hour_price": 3.6,
+        "trace_sample_ratio": 1.0,  # tests read the traces of ordinary requests
         # the ramp controller runs in the app as the `controller` Redis user, evaluating often;
         # dashboard actions use the same control connection, with the operator token
         "control_redis_url": redis.url_for("controller"), "ramp_interval_s": 0.25,

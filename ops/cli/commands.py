@@ -38,6 +38,7 @@ from rollout import (
 )
 from rollout.control import DEPLOYMENT_TTL_S
 from rollout.status import read_status
+from rollout.telemetry.traces import request_sampled
 
 # --- commands ---------------------------------------------------------------------------------
 
@@ -104,6 +105,24 @@ def _status(ctx: _Context) -> int:
     return 0
 
 
+def _no_trace(ctx: _Context, trace_id: str | None) -> str:
+    """Why nothing is recorded for the request or trace asked for: a request id tells whether
+    it was sampled (serve.telemetry.sampling), a trace id does not."""
+    args = ctx.args
+    if not args.request_id:
+        return f"no trace recorded for trace {trace_id} (expired, not sampled, or telemetry off)"
+    settings = ctx.read_settings()
+    ratio, slow_ms = settings.trace_sample_ratio, settings.trace_slow_ms
+    if request_sampled(args.request_id, ratio):
+        return (f"no trace recorded for request {args.request_id}: it was sampled "
+                f"(CANARY_TRACE_SAMPLE_RATIO={ratio:g}), so its trace expired, it never reached "
+                "a gateway, or telemetry is off")
+    return (f"request {args.request_id} was not sampled (CANARY_TRACE_SAMPLE_RATIO={ratio:g} "
+            "records that share of requests, by id), nor an error, refusal, fallback or "
+            f"answer slower than CANARY_TRACE_SLOW_MS={slow_ms:g}, which are always recorded; "
+            "its request log line says \"sampled\": false")
+
+
 def _traces(ctx: _Context) -> int:
     if ctx.telemetry is None:
         raise UsageError("no telemetry store to read traces from")
@@ -116,9 +135,7 @@ def _traces(ctx: _Context) -> int:
         else:
             trace_id, spans = args.trace_id, traces.get(args.trace_id)
         if not spans:
-            what = f"request {args.request_id}" if args.request_id else f"trace {trace_id}"
-            raise NothingRecorded(f"no trace recorded for {what} (expired, not sampled, or "
-                           "telemetry off)")
+            raise NothingRecorded(_no_trace(ctx, trace_id))
         if args.json:
             ctx.say(json.dumps({"trace_id": trace_id, "spans": spans}))
             return 0

@@ -21,8 +21,14 @@ class TelemetrySettings(BaseSettings):
         True, description="traces, metrics and request logs; off: none of them (no overhead)"
     )
     trace_sample_ratio: float = Field(
-        1.0, ge=0, le=1, description="share of new traces recorded; an incoming "
-        "`traceparent`'s decision is followed"
+        0.01, ge=0, le=1, description="share of requests whose trace is recorded, chosen by "
+        "request id; an incoming sampled `traceparent` is always followed, and every error, "
+        "refusal, fallback and request slower than `CANARY_TRACE_SLOW_MS` is recorded "
+        "whatever its id ([sampling](telemetry.md#which-traces-are-kept))"
+    )
+    trace_slow_ms: float = Field(
+        1000.0, gt=0, le=3_600_000, description="an answer at least this slow has its "
+        "trace recorded even when its request was not sampled"
     )
     telemetry_redis: bool = Field(
         True, description="keep recent traces and per-arm windows in Redis (the embedded "

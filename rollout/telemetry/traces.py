@@ -19,6 +19,7 @@ so a reader may see a trace before all of its spans have landed.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +39,30 @@ def index_key(app: str) -> str:
 
 def request_key(app: str, request_id: str) -> str:
     return f"{telemetry_prefix(app)}request:{request_id}"
+
+
+def request_sampled(request_id: str, ratio: float) -> bool:
+    """Whether a request's trace is sampled when nothing else decides (no incoming sampled
+    `traceparent`, no error, fallback or slow answer): by its request id alone, so that
+    `rollout traces --request-id` can tell an unsampled request from an expired trace."""
+    if ratio >= 1.0:
+        return True
+    if ratio <= 0.0:
+        return False
+    return zlib.crc32(request_id.encode("utf-8", "surrogatepass")) < ratio * 2 ** 32
+
+
+def keep_reason(status: int, fallback: bool, latency_ms: float, slow_ms: float) -> str | None:
+    """Why an unsampled request's trace is recorded after all, decided once it is answered:
+    an error or refusal (any status from 400), a fallback, or an answer slower than
+    `slow_ms`; None: nothing worth keeping."""
+    if status >= 400:
+        return "error"
+    if fallback:
+        return "fallback"
+    if latency_ms >= slow_ms:
+        return "slow"
+    return None
 
 
 @dataclass(frozen=True)

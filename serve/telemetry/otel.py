@@ -40,12 +40,12 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from rollout import open_telemetry
 from rollout.settings import StateSettings, TelemetrySettings
 from rollout.telemetry.sink import TelemetrySink
+from serve.telemetry.sampling import KeptOrSampled, PrimedIds
 
 SCOPE = "canary"
 
@@ -172,6 +172,7 @@ class Telemetry:
         self._tracer_provider: TracerProvider | None = None
         self._meter_provider: MeterProvider | None = None
         self.tracer: Tracer = NoOpTracer()
+        self.ids = PrimedIds()  # the tracer's ids (serve.telemetry.sampling)
         self.meter: Meter = NoOpMeter(SCOPE)
         if not self.enabled:
             return
@@ -201,9 +202,10 @@ class Telemetry:
 
     def _traces(self, resource: Resource, otlp: Mapping[str, str],
                 span_exporters: Sequence[SpanExporter]) -> TracerProvider:
-        """Sampled spans to the sink, to OTLP and to any test exporters."""
-        sampler = ParentBased(TraceIdRatioBased(self.settings.trace_sample_ratio))
-        tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+        """Sampled spans (serve.telemetry.sampling) to the sink, to OTLP and to any test
+        exporters."""
+        sampler = KeptOrSampled(self.settings.trace_sample_ratio)
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=self.ids)
         if self.sink is not None:
             tracer_provider.add_span_processor(SinkSpanProcessor(self.sink, self.service))
         if "traces" in otlp:

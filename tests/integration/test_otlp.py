@@ -78,7 +78,7 @@ def _attrs(proto_attrs) -> dict:
 
 
 def test_spans_and_metrics_reach_an_otlp_receiver(receiver):
-    settings = Settings(telemetry_redis=False)
+    settings = Settings(telemetry_redis=False, trace_sample_ratio=1.0)
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
     gateway = Telemetry(settings, settings, "canary-gateway", environ=environ)
     model = Telemetry(settings, settings, "canary-model", environ=environ)

@@ -18,7 +18,8 @@ APP = "telemetry-itest"
 
 
 def settings(url: str, **overrides) -> Settings:
-    return Settings(redis_url=url, app_name=APP, telemetry_flush_s=0.05, **overrides)
+    return Settings(**{"redis_url": url, "app_name": APP, "telemetry_flush_s": 0.05,
+                       "trace_sample_ratio": 1.0, **overrides})
 
 
 def test_spans_go_through_the_sink_into_redis_and_read_back_as_a_trace(redis_url):

@@ -137,10 +137,20 @@ def test_a_request_renders_as_a_waterfall_tree(telemetry):
     assert "outcome=error" in lines[4]
 
 
-def test_an_unknown_request_is_a_one_line_error(telemetry):
+def test_an_unknown_request_is_a_one_line_error_that_says_whether_it_was_sampled(
+        telemetry, monkeypatch):
+    monkeypatch.setenv("CANARY_TRACE_SAMPLE_RATIO", "1")
     code, out, err = run("traces", "--request-id", "nope", telemetry=telemetry)
-    assert code == 1 and out == ""
-    assert err.startswith("rollout: error: no trace recorded for request nope")
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith("rollout: error: no trace recorded for request nope: it was sampled "
+                          "(CANARY_TRACE_SAMPLE_RATIO=1), so its trace expired")
+    monkeypatch.setenv("CANARY_TRACE_SAMPLE_RATIO", "0")
+    monkeypatch.setenv("CANARY_TRACE_SLOW_MS", "250")
+    code, out, err = run("traces", "--request-id", "nope", telemetry=telemetry)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith("rollout: error: request nope was not sampled "
+                          "(CANARY_TRACE_SAMPLE_RATIO=0 records")
+    assert "slower than CANARY_TRACE_SLOW_MS=250" in err and '"sampled": false' in err
 
 
 def test_trace_by_id_as_json(telemetry):

@@ -59,7 +59,8 @@ class Rig:
     def __init__(self, model: Model, *, seed: int = 7, **overrides):
         self.store, self.spans = Store(), InMemorySpanExporter()
         self.reader = InMemoryMetricReader()
-        self.settings = Settings(**{"shadow_share": 1.0, "telemetry_flush_s": 0.01, **overrides})
+        self.settings = Settings(**{"shadow_share": 1.0, "telemetry_flush_s": 0.01,
+                                    "trace_sample_ratio": 1.0, **overrides})
         self.telemetry = Telemetry(self.settings, self.settings, "canary-gateway",
                                    span_exporters=[self.spans], metric_readers=[self.reader],
                                    store=self.store, environ={})

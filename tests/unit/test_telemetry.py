@@ -45,7 +45,8 @@ class Rig:
         self.reader = InMemoryMetricReader()
         self.store = Store()
         self.log = io.StringIO()
-        self.settings = Settings(**{"device_hour_price": 3.6, **overrides})
+        self.settings = Settings(**{"device_hour_price": 3.6, "trace_sample_ratio": 1.0,
+                                    **overrides})
         self.gateway = Telemetry(self.settings, self.settings, "canary-gateway", request_log=True,
                                  span_exporters=[self.spans], metric_readers=[self.reader],
                                  store=self.store, log_stream=self.log, environ={})
@@ -375,3 +376,101 @@ def test_the_request_log_writes_lines_to_a_plain_stream():
     stream = io.StringIO()
     RequestLog(TelemetrySettings(), stream)._write(['{"id":"a"}', '{"id":"b"}'])
     assert stream.getvalue() == '{"id":"a"}\n{"id":"b"}\n'
+
+
+def test_requests_are_sampled_by_their_id_at_the_ratio():
+    from rollout.telemetry.traces import request_sampled
+
+    ids = [f"req-{i}" for i in range(20_000)]
+    assert all(request_sampled(i, 1.0) for i in ids[:100])
+    assert not any(request_sampled(i, 0.0) for i in ids[:100])
+    share = sum(request_sampled(i, 0.1) for i in ids) / len(ids)
+    assert 0.09 < share < 0.11
+    assert [request_sampled(i, 0.1) for i in ids[:500]] == [request_sampled(i, 0.1)
+                                                             for i in ids[:500]]
+    assert request_sampled("\udcff-lone-surrogate", 0.5) in (True, False)
+
+
+@pytest.mark.parametrize("status, fallback, latency_ms, reason", [
+    (200, False, 5.0, None), (200, True, 5.0, "fallback"), (200, False, 250.0, "slow"),
+    (404, False, 1.0, "error"), (503, False, 1.0, "error"), (499, False, 1.0, "error"),
+])
+def test_what_an_unsampled_request_is_kept_for(status, fallback, latency_ms, reason):
+    from rollout.telemetry.traces import keep_reason
+
+    assert keep_reason(status, fallback, latency_ms, slow_ms=250.0) == reason
+
+
+def unsampled_request(rig, request_id, status, **finish):
+    obs = rig.observer.start(request_id, finish.pop("headers", {}))
+    obs.parsed(["abc"], "embed")
+    route(obs, canary_bp=0)
+    with obs.call("baseline") as call:
+        model_side(rig, call.carrier)
+        call.answered(ANSWER)
+    obs.finish(status, **finish)
+    rig.flush()
+    return obs
+
+
+def test_an_unsampled_answer_records_nothing_and_its_log_line_says_so():
+    rig = Rig(trace_sample_ratio=0.0, trace_slow_ms=60_000)
+    try:
+        obs = unsampled_request(rig, "req-quiet", 200, arm="baseline")
+        assert rig.spans.get_finished_spans() == () and obs.kept is None
+        [line] = [json.loads(x) for x in rig.log.getvalue().splitlines()]
+        assert line["sampled"] is False and line["trace_id"] == obs.trace_id
+        assert not [i for i in rig.store.items if hasattr(i, "span_record")]
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("status, finish, reason", [
+    (503, {"error_type": "overloaded"}, "error"),
+    (200, {"arm": "baseline", "fallback": True}, "fallback"),
+    (200, {"arm": "baseline", "slow": True}, "slow"),
+])
+def test_an_unsampled_error_fallback_or_slow_answer_is_recorded_after_the_fact(
+        status, finish, reason):
+    rig = Rig(trace_sample_ratio=0.0,
+              trace_slow_ms=0.001 if finish.pop("slow", False) else 60_000)
+    try:
+        obs = unsampled_request(rig, f"req-{reason}", status, **finish)
+        spans = rig.by_name()
+        assert set(spans) == {"POST /v1/predict", "route", "model.call"}  # the gateway's side
+        assert obs.kept == reason
+        assert {format(s.context.trace_id, "032x") for s in spans.values()} == {obs.trace_id}
+        root, routed, called = spans["POST /v1/predict"], spans["route"], spans["model.call"]
+        assert root.parent is None and root.attributes["canary.kept"] == reason
+        assert root.attributes["http.response.status_code"] == status
+        assert root.attributes["canary.request_id"] == f"req-{reason}"
+        assert root.attributes["canary.items"] == 1 and root.attributes["canary.task"] == "embed"
+        assert routed.parent.span_id == called.parent.span_id == root.context.span_id
+        assert routed.attributes["canary.arm"] == "baseline"
+        assert called.attributes["canary.outcome"] == "ok"
+        assert called.attributes["canary.batch.requests"] == 2
+        assert root.start_time <= routed.start_time <= routed.end_time <= root.end_time
+        assert root.start_time <= called.start_time <= called.end_time <= root.end_time
+        assert (root.status.status_code.name == "ERROR") == (status >= 500)
+        [line] = [json.loads(x) for x in rig.log.getvalue().splitlines()]
+        assert line["sampled"] is True and line["trace_id"] == obs.trace_id
+    finally:
+        rig.close()
+
+
+def test_a_kept_request_joins_an_incoming_unsampled_trace_and_the_next_trace_is_new():
+    rig = Rig(trace_sample_ratio=0.0, trace_slow_ms=60_000)
+    try:
+        unsampled = {"traceparent": f"00-{TRACE}-{PARENT}-00"}
+        obs = unsampled_request(rig, "req-in", 504, error_type="model_timeout",
+                                headers=unsampled)
+        root = rig.by_name()["POST /v1/predict"]
+        assert obs.trace_id == TRACE and format(root.context.trace_id, "032x") == TRACE
+        assert format(root.parent.span_id, "016x") == PARENT
+        rig.spans.clear()
+        other = unsampled_request(rig, "req-next", 500, error_type="internal_error")
+        assert other.trace_id not in (TRACE, "0" * 32)
+        assert {format(s.context.trace_id, "032x")
+                for s in rig.spans.get_finished_spans()} == {other.trace_id}
+    finally:
+        rig.close()
