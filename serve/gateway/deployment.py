@@ -64,7 +64,7 @@ from serve.control_plane.notify import RedisLedger, StoreOutageNotifier
 from serve.control_plane.webhooks import sender_from
 from serve.dashboard import DashboardRoutes
 from serve.dashboard import router as dashboard_router
-from serve.gateway import colocated, ingress
+from serve.gateway import colocated, ingress, prediction_routes
 from serve.gateway.admission import Admission, ShedSummary
 from serve.gateway.arms import Arms
 from serve.gateway.exchange import (
@@ -79,6 +79,7 @@ from serve.gateway.exchange import (
 from serve.gateway.idempotent import Idempotency, check_redis_memory
 from serve.gateway.ingress import ARRIVED, SLOT
 from serve.gateway.override import override_allowed
+from serve.gateway.prediction_routes import PredictionRoutes
 from serve.gateway.preprocess import Preprocessor
 from serve.gateway.protocols.door import FrontDoor, Parsed
 from serve.gateway.protocols.endpoints import Doors, ProtocolRoutes, document
@@ -108,6 +109,8 @@ document_request_models(api)  # the predict body, read by the gateway itself, in
 api.include_router(protocol_router)  # OpenAI, Open Inference Protocol, TEI (protocols/)
 document(api)  # their bodies, read by the gateway itself too
 api.include_router(status_router)  # rollout state, metrics, health (status_routes)
+# POST to a prediction path: answered before FastAPI's router (serve.gateway.prediction_routes)
+api.add_middleware(PredictionRoutes)
 
 
 @api.exception_handler(GatewayError)
@@ -182,6 +185,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
         observe_store_errors(self.telemetry.meter, lambda: {
             "state": dict(self.watcher.view().errors), "idempotency": self.idempotency.skipped})
+        prediction_routes.serve(self)  # predictions now skip FastAPI's router
 
     async def _open_arms(self, baseline: DeploymentHandle | None,
                          optimized: DeploymentHandle | None, settings: Settings) -> dict:
