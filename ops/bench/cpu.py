@@ -16,6 +16,14 @@ its children excluded) when the measured seconds start and again after their las
 difference by the requests answered 200 in that window. A process that starts during the cell
 is not seen; one that ends counts nothing.
 
+The loop: each process's busiest thread over the window, read the same way per thread
+(/proc/PID/task/TID/stat), is its `loop_ms` per request. In a gateway replica that thread is
+its event loop (the ASGI app, admission, observation: what `loop_cpu_share` in the replica's
+admission snapshot measures from inside); a second thread that outworked it (a colocated
+model's compute thread) would be named instead, so `loop_ms` is reported for the remote
+topology's gateway only (`summary`). Its figure in a single-process peer is that server's own
+busiest thread, for comparison.
+
 What the gateway adds (`summary`): the gateway path's total (HAProxy, proxy, gateway replicas,
 model replicas) minus the model replicas'. The model replicas' own serving work (their
 batching, their Ray calls, the shadow's comparisons) counts as model there. With the colocated
@@ -29,7 +37,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.load.processes import REPLICA_TITLE, descendants, process_cpu_s
+from ops.load.processes import REPLICA_TITLE, descendants, process_cpu_s, thread_cpu_s
 
 CLIENT = "client"
 GATEWAY = "gateway"
@@ -81,20 +89,31 @@ class Probe:
     processes: dict[int, tuple[str, str]]
     started: dict[int, float] = field(default_factory=dict)
     ended: dict[int, float] = field(default_factory=dict)
+    threads_started: dict[int, dict[int, float]] = field(default_factory=dict)
+    threads_ended: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def start(self) -> None:
-        self.started = _read(self.processes)
+        self.started, self.threads_started = _read(self.processes)
 
     def stop(self) -> None:
-        self.ended = _read(self.processes)
+        self.ended, self.threads_ended = _read(self.processes)
+
+    def busiest_thread_s(self, pid: int) -> float | None:
+        """The CPU seconds of `pid`'s busiest thread in the window (threads seen at both ends),
+        None when none was."""
+        before, after = self.threads_started.get(pid, {}), self.threads_ended.get(pid, {})
+        spent = [after[tid] - before[tid] for tid in after.keys() & before.keys()]
+        return max(spent) if spent else None
 
 
-def _read(processes) -> dict[int, float]:
-    found = {}
-    for pid in processes:
+def _read(processes) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
+    found, threads = {}, {}
+    for pid, (name, _) in processes.items():
         if (seconds := process_cpu_s(pid)) is not None:
             found[pid] = seconds
-    return found
+            if name != CLIENT:
+                threads[pid] = thread_cpu_s(pid)
+    return found, threads
 
 
 def probe(target: str, app: str, plain_app: str | None = None,
@@ -123,24 +142,31 @@ def per_request(probe: Probe, answered: int) -> dict | None:
     for pid, (name, command) in sorted(probe.processes.items()):
         if pid in probe.started and pid in probe.ended:
             spent = probe.ended[pid] - probe.started[pid]
+            loop = probe.busiest_thread_s(pid)
             processes.append({"pid": pid, "role": name, "command": command[:120],
                               "cpu_s": round(spent, 3),
-                              "ms_per_request": round(spent * 1000 / answered, 3)})
+                              "ms_per_request": round(spent * 1000 / answered, 3),
+                              "loop_ms": None if loop is None else round(
+                                  loop * 1000 / answered, 3)})
     roles: dict[str, float] = {}
     for entry in processes:
         roles[entry["role"]] = roles.get(entry["role"], 0.0) + entry["ms_per_request"]
+    loops = [p["loop_ms"] for p in processes if p["role"] == GATEWAY and p["loop_ms"] is not None]
     return {"answered": answered, "processes": processes,
-            "roles": {k: round(v, 3) for k, v in sorted(roles.items())}, **summary(roles)}
+            "roles": {k: round(v, 3) for k, v in sorted(roles.items())},
+            **summary(roles, sum(loops) if loops else None)}
 
 
-def summary(roles: dict[str, float]) -> dict:
+def summary(roles: dict[str, float], gateway_loop_ms: float | None = None) -> dict:
     """`server_ms` (every role but the client), `client_ms`, and for a gateway cell its
-    `topology` and `added_ms` (module docstring; None when colocated or not a gateway cell)."""
+    `topology`, `added_ms` and `loop_ms` (the gateway replicas' busiest threads, summed)
+    (module docstring; None when colocated or not a gateway cell)."""
     server = sum(v for k, v in roles.items() if k != CLIENT)
     found = {"server_ms": round(server, 3), "client_ms": roles.get(CLIENT)}
     if GATEWAY not in roles:
-        return {**found, "topology": None, "added_ms": None}
+        return {**found, "topology": None, "added_ms": None, "loop_ms": None}
     model = [v for k, v in roles.items() if k.startswith(MODEL)]
     if not model:
-        return {**found, "topology": COLOCATED, "added_ms": None}
-    return {**found, "topology": REMOTE, "added_ms": round(server - sum(model), 3)}
+        return {**found, "topology": COLOCATED, "added_ms": None, "loop_ms": None}
+    return {**found, "topology": REMOTE, "added_ms": round(server - sum(model), 3),
+            "loop_ms": None if gateway_loop_ms is None else round(gateway_loop_ms, 3)}

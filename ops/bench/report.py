@@ -261,21 +261,22 @@ def _cpu_table(result: dict) -> list[str]:
     out = ["", "CPU ms per answered request, each process on the cell's path (user + system "
            "from /proc over the measured window; replicas of one deployment summed; the load "
            "client is the benchmark process, on the same cores); added: the gateway path's "
-           "total minus its model replicas'" + (
+           "total minus its model replicas'; loop: the gateway replicas' busiest thread, "
+           "their event loop (remote topology)" + (
                f"; gateway topology {', '.join(sorted(topology))}" if topology else "")
            + (" (colocated: both models in the gateway replicas, so the total per process "
               "only)" if "colocated" in topology else "") + ":", "",
            "| side | conc. |" + (" texts/req |" if swept else "")
            + " per process (ms / request; by pid where several) | server total | added "
-           "| load client |",
-           "| --- " * (6 + swept) + "|"]
+           "| loop | load client |",
+           "| --- " * (7 + swept) + "|"]
     for who, lv in cpu:
         c = lv["cpu"]
         parts = ", ".join(f"{role} {ms:.2f}{_each_process(c, role)}"
                           for role, ms in c["roles"].items() if role != "client")
         out.append(f"| {who} | {lv['concurrency']} |{_size_cell(meta, lv)} {parts or '–'} | "
                    f"{_f(c['server_ms'], 2)} | {_f(c.get('added_ms'), 2)} | "
-                   f"{_f(c.get('client_ms'), 2)} |")
+                   f"{_f(c.get('loop_ms'), 2)} | {_f(c.get('client_ms'), 2)} |")
     return out
 
 

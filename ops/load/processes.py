@@ -96,6 +96,23 @@ def process_cpu_s(pid: int, proc: Path = PROC) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def thread_cpu_s(pid: int, proc: Path = PROC) -> dict[int, float]:
+    """User plus system CPU time so far of each thread of `pid`, by thread id; empty when the
+    process is gone (a thread that ends meanwhile is left out)."""
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return {}
+    found = {}
+    for task in tasks:
+        try:
+            fields = stat_fields((task / "stat").read_text())
+        except OSError:
+            continue
+        found[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User plus system CPU time of the processes so far (those gone count nothing)."""
     ticks = 0

@@ -88,7 +88,7 @@ def test_report_derives_efficiency_latency_bottleneck_and_chart(inprocess, tmp_p
             in table)
     assert "gateway topology remote" in table
     assert ("| optimized | 8 | gateway 2.05, haproxy 0.25, model:optimized 9.80 | 12.10 | 2.30 "
-            "| 1.94 |") in table
+            "| – | 1.94 |") in table
     report.chart(result, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ops.bench import cpu
-from ops.load.processes import descendants, process_cpu_s
+from ops.load.processes import descendants, process_cpu_s, thread_cpu_s
 
 # a launcher that starts a child; told to, the child burns `seconds` more of its own CPU time
 # and says so, and both wait until stdin closes
@@ -69,12 +69,16 @@ def test_what_the_gateway_adds_beyond_its_model_replicas_and_the_colocated_total
     remote = cpu.summary({"client": 0.4, "haproxy": 0.3, "proxy": 0.1, "gateway": 3.0,
                           "model:baseline": 14.0, "model:optimized": 1.5})
     assert remote == {"server_ms": pytest.approx(18.9), "client_ms": 0.4, "topology": "remote",
-                      "added_ms": pytest.approx(3.4)}
+                      "added_ms": pytest.approx(3.4), "loop_ms": None}
+    looped = cpu.summary({"client": 0.4, "gateway": 3.0, "model:baseline": 14.0}, 1.25)
+    assert looped["loop_ms"] == 1.25 and looped["added_ms"] == pytest.approx(3.0)
     colocated = cpu.summary({"client": 0.4, "haproxy": 0.3, "gateway": 15.0})
     assert colocated["topology"] == "colocated" and colocated["added_ms"] is None
+    assert cpu.summary({"gateway": 15.0}, 9.0)["loop_ms"] is None  # its compute thread's
     assert colocated["server_ms"] == pytest.approx(15.3)
     peer = cpu.summary({"client": 0.2, "peer:litserve": 9.0})
-    assert peer == {"server_ms": 9.0, "client_ms": 0.2, "topology": None, "added_ms": None}
+    assert peer == {"server_ms": 9.0, "client_ms": 0.2, "topology": None, "added_ms": None,
+                    "loop_ms": None}
 
 
 def _stat(pid: int, command: str, parent: int) -> str:
@@ -94,6 +98,31 @@ def test_the_process_tree_is_read_from_proc(tmp_path):
     assert descendants(13, tmp_path) == {} and descendants(10, tmp_path / "gone") == {}
     assert process_cpu_s(12, tmp_path) == pytest.approx(10 / os.sysconf("SC_CLK_TCK"))
     assert process_cpu_s(99, tmp_path) is None
+    (tmp_path / "12" / "task" / "12").mkdir(parents=True)
+    (tmp_path / "12" / "task" / "12" / "stat").write_text(_stat(12, "main", 11))
+    (tmp_path / "12" / "task" / "14").mkdir()
+    (tmp_path / "12" / "task" / "14" / "stat").write_text(
+        _stat(14, "loop", 11).replace(" 7 3 ", " 70 30 "))
+    (tmp_path / "12" / "task" / "15").mkdir()  # a thread that ended meanwhile
+    tick = os.sysconf("SC_CLK_TCK")
+    assert thread_cpu_s(12, tmp_path) == {12: pytest.approx(10 / tick),
+                                          14: pytest.approx(100 / tick)}
+    assert thread_cpu_s(99, tmp_path) == {}
+
+
+def test_the_loop_is_the_busiest_thread_seen_at_both_ends():
+    probe = cpu.Probe({7: ("gateway", "ray::ServeReplica:bench:gateway"),
+                       8: ("model:baseline", "ray::ServeReplica:bench:baseline"),
+                       9: ("client", "bench")},
+                      started={7: 1.0, 8: 1.0, 9: 0.0}, ended={7: 2.0, 8: 4.0, 9: 0.5},
+                      threads_started={7: {70: 0.5, 71: 0.2, 72: 0.0}, 8: {80: 0.0}},
+                      threads_ended={7: {70: 1.1, 71: 0.5, 73: 5.0}, 8: {80: 2.0}})
+    assert probe.busiest_thread_s(7) == pytest.approx(0.6)  # 73 started meanwhile
+    assert probe.busiest_thread_s(9) is None  # the client's threads are not read
+    figures = cpu.per_request(probe, answered=100)
+    by_pid = {p["pid"]: p for p in figures["processes"]}
+    assert by_pid[7]["loop_ms"] == pytest.approx(6.0) and by_pid[8]["loop_ms"] == 20.0
+    assert figures["loop_ms"] == pytest.approx(6.0)  # the gateway's only
 
 
 def test_a_probe_reads_a_real_child_and_its_own_child():
@@ -118,6 +147,8 @@ def test_a_probe_reads_a_real_child_and_its_own_child():
     # the child burnt 0.3 s of its own CPU inside the window (read in ticks of 10 ms)
     assert 0.3 - 0.02 <= by_pid[child]["cpu_s"] <= 0.3 + 0.1
     assert by_pid[child]["ms_per_request"] == pytest.approx(by_pid[child]["cpu_s"] * 100)
+    # it burnt on its one thread: that is its loop
+    assert 28 <= by_pid[child]["loop_ms"] <= by_pid[child]["ms_per_request"] + 0.01
     assert figures["roles"]["peer:burner"] == pytest.approx(
         sum(p["ms_per_request"] for p in figures["processes"] if p["role"] == "peer:burner"),
         abs=0.01)
