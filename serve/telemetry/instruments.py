@@ -36,41 +36,52 @@ from collections.abc import Callable
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from rollout.telemetry.windows import RequestRecord
+from serve.telemetry.aggregate import Aggregates, SdkInstruments
 
 LATENCY_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000, 10000)
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ARM = ("arm",)
 
 
 class GatewayMetrics:
+    """The instruments above. `instruments`: where they count (serve.telemetry.aggregate:
+    this process's `Aggregates`, or by default the SDK's own instruments of `meter`); label
+    values go in the order each instrument lists them."""
+
     def __init__(self, meter: Meter, *, price: float = 0.0,
-                 dropped: Callable[[], dict[str, int]] | None = None):
+                 dropped: Callable[[], dict[str, int]] | None = None,
+                 instruments: Aggregates | SdkInstruments | None = None):
         self.price = price
-        self.requests = meter.create_counter(
-            "canary.requests", "{request}", "requests by routed arm and HTTP status")
-        self.calls = meter.create_counter(
-            "canary.model.calls", "{call}", "model calls by arm and outcome")
-        self.retries = meter.create_counter(
-            "canary.retries", "{request}", "requests retried on baseline after this arm failed")
-        self.fallbacks = meter.create_counter(
-            "canary.fallbacks", "{request}", "requests answered by baseline after this arm failed")
-        self.latency = meter.create_histogram(
-            "canary.request.duration", "ms", "request latency at the gateway",
-            explicit_bucket_boundaries_advisory=LATENCY_MS)
-        self.stages = meter.create_histogram(
+        make = instruments or SdkInstruments(meter)
+        self.requests = make.counter(
+            "canary.requests", "{request}", "requests by routed arm and HTTP status",
+            ("arm", "status", "outcome", "protocol"))
+        self.calls = make.counter(
+            "canary.model.calls", "{call}", "model calls by arm and outcome", ("arm", "outcome"))
+        self.retries = make.counter(
+            "canary.retries", "{request}", "requests retried on baseline after this arm failed",
+            ARM)
+        self.fallbacks = make.counter(
+            "canary.fallbacks", "{request}", "requests answered by baseline after this arm failed",
+            ARM)
+        self.latency = make.histogram(
+            "canary.request.duration", "ms", "request latency at the gateway", ("arm", "status"),
+            LATENCY_MS)
+        self.stages = make.histogram(
             "canary.stage.duration", "ms", "time per stage of answered model calls",
-            explicit_bucket_boundaries_advisory=LATENCY_MS)
-        self.batch = meter.create_histogram(
-            "canary.batch.size", "{request}", "requests in the batch a call rode in",
-            explicit_bucket_boundaries_advisory=COUNTS)
-        self.queue = meter.create_histogram(
+            ("arm", "stage"), LATENCY_MS)
+        self.batch = make.histogram(
+            "canary.batch.size", "{request}", "requests in the batch a call rode in", ARM, COUNTS)
+        self.queue = make.histogram(
             "canary.queue.length", "{request}", "requests waiting in the replica on arrival",
-            explicit_bucket_boundaries_advisory=(0, *COUNTS))
-        self.inflight = meter.create_up_down_counter(
-            "canary.inflight", "{call}", "model calls in flight")
-        self.compute = meter.create_counter(
-            "canary.compute.time", "s", "device time of answered calls (share of their batch)")
-        self.cost = meter.create_counter(
-            "canary.cost", "1", "compute time priced at CANARY_DEVICE_HOUR_PRICE per hour")
+            ARM, (0, *COUNTS))
+        self.inflight = make.up_down_counter(
+            "canary.inflight", "{call}", "model calls in flight", ARM)
+        self.compute = make.counter(
+            "canary.compute.time", "s", "device time of answered calls (share of their batch)",
+            ARM)
+        self.cost = make.counter(
+            "canary.cost", "1", "compute time priced at CANARY_DEVICE_HOUR_PRICE per hour", ARM)
         if dropped is not None:
             def observe(_: CallbackOptions):
                 for key, n in dropped().items():
@@ -84,26 +95,25 @@ class GatewayMetrics:
                protocol: str = "native") -> None:
         arm = record.routed or "none"
         status = str(record.status)
-        self.requests.add(1, {"arm": arm, "status": status, "outcome": outcome,
-                              "protocol": protocol})
-        self.latency.record(record.latency_ms, {"arm": arm, "status": status})
+        self.requests.add((arm, status, outcome, protocol), 1)
+        self.latency.record((arm, status), record.latency_ms)
         if record.retries:
-            self.retries.add(record.retries, {"arm": arm})
+            self.retries.add((arm,), record.retries)
         if record.fallback:
-            self.fallbacks.add(1, {"arm": arm})
+            self.fallbacks.add((arm,), 1)
         for attempt in record.attempts:
-            attrs = {"arm": attempt.arm}
-            self.calls.add(1, {"arm": attempt.arm, "outcome": attempt.outcome})
+            key = (attempt.arm,)
+            self.calls.add((attempt.arm, attempt.outcome), 1)
             if attempt.outcome != "ok":
                 continue
             for stage, ms in attempt.stages.items():
-                self.stages.record(ms, {"arm": attempt.arm, "stage": stage})
-            self.batch.record(attempt.batch_requests, attrs)
-            self.queue.record(attempt.queue, attrs)
-            self.compute.add(attempt.compute_s, attrs)
-            self.cost.add(attempt.cost, attrs)
+                self.stages.record((attempt.arm, stage), ms)
+            self.batch.record(key, attempt.batch_requests)
+            self.queue.record(key, attempt.queue)
+            self.compute.add(key, attempt.compute_s)
+            self.cost.add(key, attempt.cost)
         if gateway_ms is not None and record.attempts:
-            self.stages.record(gateway_ms, {"arm": record.attempts[-1].arm, "stage": "gateway"})
+            self.stages.record((record.attempts[-1].arm, "gateway"), gateway_ms)
 
 
 def observe_store_errors(meter: Meter, errors: Callable[[], dict[str, dict[str, int]]]) -> None:

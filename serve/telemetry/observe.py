@@ -93,7 +93,8 @@ class Observer:
         self.telemetry = telemetry
         self.clock = clock or SystemClock()
         self.metrics = GatewayMetrics(telemetry.meter, price=telemetry.settings.device_hour_price,
-                                      dropped=telemetry.dropped)
+                                      dropped=telemetry.dropped,
+                                      instruments=telemetry.aggregates)
 
     def start(self, request_id: str, headers: Mapping[str, str], protocol: str = "native",
               path: str | None = None) -> Observation:
@@ -153,11 +154,11 @@ class _Call:
 
     @_never_raises
     def _entered(self) -> None:
-        self.obs.metrics.inflight.add(1, {"arm": self.arm})
+        self.obs.metrics.inflight.add((self.arm,), 1)
 
     @_never_raises
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.obs.metrics.inflight.add(-1, {"arm": self.arm})
+        self.obs.metrics.inflight.add((self.arm,), -1)
         outcome = call_outcome(exc)
         batch_requests = error = None
         if outcome == "ok" and self.result is not None:

@@ -45,6 +45,7 @@ from opentelemetry.trace import NoOpTracer, Tracer
 from rollout import open_telemetry
 from rollout.settings import StateSettings, TelemetrySettings
 from rollout.telemetry.sink import TelemetrySink
+from serve.telemetry.aggregate import Aggregates, cumulative
 from serve.telemetry.sampling import KeptOrSampled, PrimedIds
 
 SCOPE = "canary"
@@ -174,6 +175,9 @@ class Telemetry:
         self.tracer: Tracer = NoOpTracer()
         self.ids = PrimedIds()  # the tracer's ids (serve.telemetry.sampling)
         self.meter: Meter = NoOpMeter(SCOPE)
+        # this process's metrics counted locally, where every reader takes them cumulatively
+        # (serve.telemetry.aggregate); None: the SDK's instruments
+        self.aggregates: Aggregates | None = None
         if not self.enabled:
             return
         environ = os.environ if environ is None else environ
@@ -233,7 +237,12 @@ class Telemetry:
             self._pushers.append(PeriodicExportingMetricReader(
                 OTLPMetricExporter(endpoint=otlp["metrics"])))
             readers.append(self._pushers[-1])
-        return MeterProvider(resource=resource, metric_readers=readers)
+        provider = MeterProvider(resource=resource, metric_readers=readers)
+        if all(cumulative(reader) for reader in readers):
+            self.aggregates = Aggregates(SCOPE, resource)
+            for reader in readers:
+                self.aggregates.attach(reader)
+        return provider
 
     def dropped(self) -> dict[str, int]:
         """Telemetry items dropped so far, by sink and reason."""
