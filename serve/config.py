@@ -56,6 +56,7 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
     controller = RampControllerDeployment.options(
         ray_actor_options={"num_cpus": settings.ramp_controller_num_cpus},
     ).bind(settings)
+    logging = gateway_logging(settings)
     if settings.topology == COLOCATED:  # both models in every gateway replica
         return Gateway.options(
             ray_actor_options={
@@ -63,7 +64,7 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
                 "num_gpus": len(ARMS) * settings.model_num_gpus,
             },
             max_ongoing_requests=settings.gateway_max_ongoing_requests,
-            user_config={"arms": arms_config},
+            user_config={"arms": arms_config}, logging_config=logging,
         ).bind(None, None, settings, ramp_controller=controller)
     model = ModelServer.options(
         ray_actor_options={
@@ -79,8 +80,15 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
             .bind(settings, arm) for arm in ARMS}
     return Gateway.options(
         ray_actor_options={"num_cpus": settings.gateway_num_cpus},
-        max_ongoing_requests=settings.gateway_max_ongoing_requests,
+        max_ongoing_requests=settings.gateway_max_ongoing_requests, logging_config=logging,
     ).bind(arms["baseline"], arms["optimized"], settings, ramp_controller=controller)
+
+
+def gateway_logging(settings: Settings) -> dict:
+    """The gateway's Serve logging: Serve's access log (a line per HTTP request) only where
+    the gateway writes no request log of its own, whose line says all it says and more; one
+    line per request costs the event loop that formats and writes it."""
+    return {"enable_access_log": not (settings.telemetry_enabled and settings.request_log)}
 
 
 def model_version(settings: Settings, arm: str) -> str:

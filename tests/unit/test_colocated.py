@@ -114,6 +114,19 @@ def test_the_remote_topology_binds_a_model_deployment_per_arm():
     assert deployments["gateway"].user_config is None
 
 
+@pytest.mark.parametrize("topology", ["remote", "colocated"])
+def test_serves_access_log_is_off_where_the_gateway_writes_its_request_log(topology):
+    from serve.config import build
+
+    def access_log(**changed):
+        gateway = _deployments(build(Settings(topology=topology, **changed)))["gateway"]
+        return gateway.logging_config["enable_access_log"]
+
+    assert access_log() is False
+    assert access_log(request_log=False) is True
+    assert access_log(telemetry_enabled=False) is True
+
+
 def test_a_model_deployment_keeps_its_version_unless_its_code_or_settings_change():
     """Serve reloads a model only on a new version: live settings alone reconfigure it."""
     from serve.config import build
