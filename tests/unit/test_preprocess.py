@@ -84,3 +84,43 @@ def test_large_requests_are_tokenized_in_the_pool_small_ones_inline(encoder_dir)
     assert asyncio.run(pre.encode(large)).ids == variant.encode(large).ids
     assert threads[0] == "MainThread" and threads[1].startswith("tokenize")
     pre.close()
+
+
+EDGE_TEXTS = ["", " ", "\t\n", "short", "UPPER lower MiXeD", "émoji 🎉 text", "日本語のテキスト",
+              "[CLS] [SEP] [PAD] [MASK] [UNK]", "a" * 3000, "word " * 600,
+              "don't stop-believing... (really?!)", "\u200b\u00a0zero width"]
+
+
+@pytest.mark.parametrize("max_tokens", [3, 8, 64, 256])
+def test_the_rust_tokenizers_ids_equal_transformers_call_for_every_text(max_tokens):
+    """encode_ids reads the Rust tokenizer directly: the ids of transformers' own call
+    (truncation=True, max_length) for the shipped model on the regression set and edge cases,
+    one by one (a request's few texts) and as a batch (more than SERIAL_TEXTS)."""
+    from serve.common.regression import load_set
+    from serve.recipes.source import SERIAL_TEXTS, encode_ids, load_tokenizer
+
+    settings = Settings()
+    tokenizer, _, digest = load_tokenizer(settings)
+    texts = [*EDGE_TEXTS, *(e.text for e in load_set().examples)]
+    assert len(texts) > SERIAL_TEXTS
+    expected = tokenizer(texts, truncation=True, max_length=max_tokens,
+                         padding=False)["input_ids"]
+    assert encode_ids(tokenizer, texts, max_tokens) == expected  # the batch path
+    for start in range(0, len(texts), 5):  # the one-by-one path
+        chunk = texts[start:start + 5]
+        assert encode_ids(tokenizer, chunk, max_tokens) == expected[start:start + 5]
+    assert max(len(ids) for ids in expected) == max_tokens
+    assert load_tokenizer(settings)[2] == digest  # the digest reads the untouched definition
+
+
+def test_a_tokenizer_without_a_rust_one_is_called_as_before():
+    from serve.recipes.source import encode_ids, truncating
+
+    class Plain:  # e.g. a slow (pure Python) tokenizer
+        def __call__(self, texts, truncation, max_length, padding):
+            assert truncation and padding is False
+            return {"input_ids": [[len(t)][:max_length] for t in texts]}
+
+    plain = Plain()
+    assert truncating(plain, 4) is None
+    assert encode_ids(plain, ["ab", "abc"], 4) == [[2], [3]]
