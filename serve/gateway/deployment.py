@@ -104,10 +104,12 @@ from serve.telemetry.otel import Telemetry
 log = logging.getLogger("canary.gateway")
 
 api = FastAPI(title="Canary gateway", version="0.1.0")
-api.include_router(dashboard_router)  # /dashboard and its /v1/ API (serve.dashboard)
-document_request_models(api)  # the predict body, read by the gateway itself, in /openapi.json
+# the front doors' routes first: Serve names every request's route by matching the app's
+# routes in order (serve.gateway.prediction_routes `put_first`)
 api.include_router(protocol_router)  # OpenAI, Open Inference Protocol, TEI (protocols/)
-document(api)  # their bodies, read by the gateway itself too
+document(api)  # their bodies, read by the gateway itself, in /openapi.json
+api.include_router(dashboard_router)  # /dashboard and its /v1/ API (serve.dashboard)
+document_request_models(api)  # the predict body, read by the gateway itself too
 api.include_router(status_router)  # rollout state, metrics, health (status_routes)
 # POST to a prediction path: answered before FastAPI's router (serve.gateway.prediction_routes)
 api.add_middleware(PredictionRoutes)
