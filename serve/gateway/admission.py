@@ -65,6 +65,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from serve.common.averages import WindowedRate, moving_average
+
 RATE_WINDOW_S = 0.1  # busy seconds a rate sample covers at least
 RATE_WEIGHT = 0.3  # of the newest sample in the moving average of the busy rate
 FIT_WEIGHT = 0.05  # of the newest forward in the fit of forward time against rows
@@ -164,7 +166,8 @@ class ArmQueue:
             return
         self._done += rows
         if self._busy_s >= RATE_WINDOW_S:
-            self.busy_rate = _averaged(self.busy_rate, self._done / self._busy_s, RATE_WEIGHT)
+            self.busy_rate = moving_average(self.busy_rate, self._done / self._busy_s,
+                                            RATE_WEIGHT)
             self._busy_s, self._done = 0.0, 0
 
     def forwarded(self, forward_s: float, batch_rows: int) -> None:
@@ -288,24 +291,18 @@ class LoopLag:
         self.share_window_s, self.share_weight = share_window_s, share_weight
         self.thread_time, self.clock = thread_time, clock
         self.lag_s = 0.0
-        self.cpu_share = 0.0
-        self._since: tuple[float, float] | None = None  # (wall, cpu) at the window's start
+        self._share = WindowedRate(share_window_s, share_weight, start=0.0, high=1.0)
 
     def observe(self, late_s: float) -> None:
         self.lag_s += self.weight * (max(0.0, late_s) - self.lag_s)
 
+    @property
+    def cpu_share(self) -> float:
+        return self._share.value
+
     def sample(self) -> None:
         """On the loop's thread: close the CPU-share window once it is `share_window_s` long."""
-        wall, cpu = self.clock(), self.thread_time()
-        if self._since is None:
-            self._since = (wall, cpu)
-            return
-        elapsed = wall - self._since[0]
-        if elapsed < self.share_window_s:
-            return
-        share = min(1.0, max(0.0, (cpu - self._since[1]) / elapsed))
-        self.cpu_share += self.share_weight * (share - self.cpu_share)
-        self._since = (wall, cpu)
+        self._share.sample(self.clock(), self.thread_time())
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -431,10 +428,6 @@ class Admission:
                 "arms": {arm: {**q.snapshot(),
                                "predicted_ms": round(self.predicted_s(arm, 1) * 1000, 1)}
                          for arm, q in sorted(self.arms.items())}}
-
-
-def _averaged(average: float | None, sample: float, weight: float) -> float:
-    return sample if average is None else average + weight * (sample - average)
 
 
 class ShedSummary:

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from serve.common.averages import WindowedRate
 from serve.replica.thread_share import beside_neighbours, yielding
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -47,10 +48,14 @@ class HostLoad:
                  clock: Callable[[], float] = time.monotonic):
         self.window_s, self.weight = window_s, weight
         self.read_idle_s, self.clock = read_idle_s, clock
-        self.cores: float | None = None  # idle cores, None until a window closed
+        self._cores = WindowedRate(window_s, weight)  # idle seconds per second
         self.yields = False
-        self._since: tuple[float, float] | None = None  # (wall, idle s) at the window's start
         self.readable = True
+
+    @property
+    def cores(self) -> float | None:
+        """Idle cores, None until a window closed."""
+        return self._cores.value
 
     def idle(self) -> float | None:
         """Idle cores over the last windows (sampled when a window has passed: cheap to call
@@ -62,16 +67,7 @@ class HostLoad:
         except (OSError, ValueError, IndexError):
             self.readable = False
             return None
-        if self._since is None:
-            self._since = (wall, idle)
-            return self.cores
-        elapsed = wall - self._since[0]
-        if elapsed >= self.window_s:
-            now = max(0.0, (idle - self._since[1]) / elapsed)
-            self.cores = now if self.cores is None else self.cores + self.weight * (
-                now - self.cores)
-            self._since = (wall, idle)
-        return self.cores
+        return self._cores.sample(wall, idle)
 
     def threads(self, threads: int, cores: int, tokens: int) -> int:
         """Threads for a batch of `tokens` (serve.replica.thread_share `beside_neighbours`)."""

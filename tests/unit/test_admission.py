@@ -341,9 +341,18 @@ def test_a_loop_is_busy_while_shedding_or_while_it_spends_a_share_of_a_core():
     clock = Clock()
     admission = measured(rate=100, clock=clock)
     assert not admission.loop_busy()
-    admission.loop.cpu_share = BUSY_LOOP_SHARE
+    wall, cpu = Clock(), Clock()
+    admission.loop = LoopLag(share_window_s=0.1, share_weight=1.0, thread_time=cpu, clock=wall)
+
+    def spend(share: float) -> None:  # one window of a second at that share of a core
+        admission.loop.sample()
+        wall.now += 1.0
+        cpu.now += share
+        admission.loop.sample()
+
+    spend(BUSY_LOOP_SHARE)
     assert admission.loop_busy()
-    admission.loop.cpu_share = BUSY_LOOP_SHARE - 0.01
+    spend(BUSY_LOOP_SHARE - 0.01)
     assert not admission.loop_busy()
     admission.refused()
     assert admission.loop_busy()
