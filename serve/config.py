@@ -27,7 +27,7 @@ import ray
 from pydantic import SecretStr
 from ray.serve import Application
 
-from rollout.settings import Settings
+from rollout.settings import Settings, TelemetrySettings
 from serve import local_start, ray_env
 from serve.control_plane.controller import RampControllerDeployment
 from serve.gateway.colocated import ARMS, COLOCATED
@@ -84,11 +84,11 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
     ).bind(arms["baseline"], arms["optimized"], settings, ramp_controller=controller)
 
 
-def gateway_logging(settings: Settings) -> dict:
+def gateway_logging(telemetry: TelemetrySettings) -> dict:
     """The gateway's Serve logging: Serve's access log (a line per HTTP request) only where
     the gateway writes no request log of its own, whose line says all it says and more; one
     line per request costs the event loop that formats and writes it."""
-    return {"enable_access_log": not (settings.telemetry_enabled and settings.request_log)}
+    return {"enable_access_log": not (telemetry.telemetry_enabled and telemetry.request_log)}
 
 
 def model_version(settings: Settings, arm: str) -> str:

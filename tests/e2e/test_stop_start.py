@@ -44,6 +44,17 @@ def _wait(condition, seconds: float, what: str) -> None:
         time.sleep(0.25)
 
 
+def _one_haproxy(leader: int) -> None:
+    """Until the session runs one HAProxy: Serve reloads it as replicas become ready, and a
+    reload starts a new process while the old one finishes its connections (the first 200 can
+    come in between)."""
+    def single() -> bool:
+        return len([pid for pid in gateway.session_processes(leader)
+                    if gateway.is_haproxy(pid)]) == 1
+
+    _wait(single, GONE_S, "one HAProxy in the session after its reloads")
+
+
 @pytest.fixture
 def redis():
     server = RedisServer().start()
@@ -62,6 +73,9 @@ def test_a_start_after_a_hard_kill_stops_the_orphan_and_leaves_none_itself(
             first = gateway.start(gateway.environment(
                 redis.url, auto_cache, RAY_SERVE_HAPROXY_BINARY_PATH=plain), log)
             gateway.first_200(first, client, log.name)
+        client.close()  # no kept-alive connection holds a reloaded HAProxy's old process
+        client = httpx.Client(base_url=gateway.URL, timeout=30)
+        _one_haproxy(first.pid)
         [orphan] = _kill_hard(first.pid)
         first.wait(10)
         time.sleep(2)  # what Ray's processes do as they die
