@@ -89,11 +89,16 @@ def descendants(root: int, proc: Path = PROC) -> dict[int, str]:
 def process_cpu_s(pid: int, proc: Path = PROC) -> float | None:
     """User plus system CPU time of `pid` so far (all its threads; its children's not), None
     when it is gone."""
+    return _stat_cpu_s(proc / str(pid) / "stat")
+
+
+def _stat_cpu_s(stat: Path) -> float | None:
+    """utime + stime of a /proc stat file (a process's or a thread's), None when it is gone."""
     try:
-        fields = stat_fields((proc / str(pid) / "stat").read_text())
+        fields = stat_fields(stat.read_text())
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu_s(pid: int, proc: Path = PROC) -> dict[int, float]:
@@ -105,11 +110,8 @@ def thread_cpu_s(pid: int, proc: Path = PROC) -> dict[int, float]:
         return {}
     found = {}
     for task in tasks:
-        try:
-            fields = stat_fields((task / "stat").read_text())
-        except OSError:
-            continue
-        found[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if (seconds := _stat_cpu_s(task / "stat")) is not None:
+            found[int(task.name)] = seconds
     return found
 
 

@@ -288,7 +288,6 @@ class LoopLag:
                  thread_time: Callable[[], float] = time.thread_time,
                  clock: Callable[[], float] = time.monotonic):
         self.every_s, self.weight = every_s, weight
-        self.share_window_s, self.share_weight = share_window_s, share_weight
         self.thread_time, self.clock = thread_time, clock
         self.lag_s = 0.0
         self._share = WindowedRate(share_window_s, share_weight, start=0.0, high=1.0)

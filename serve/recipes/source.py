@@ -217,7 +217,9 @@ def truncating(tokenizer, max_tokens: int):
     right, room kept for the special tokens) and never pads, made once per tokenizer and
     length; None for a tokenizer without one. transformers' own call sets truncation and
     padding on the shared Rust tokenizer every time (and ~20 µs of Python around it)."""
-    made = _truncating.setdefault(tokenizer, {})
+    made = _truncating.get(tokenizer)  # per request: no weak reference made once there is one
+    if made is None:
+        made = _truncating[tokenizer] = {}
     if max_tokens not in made:
         source = getattr(tokenizer, "backend_tokenizer", None)
         backend = None

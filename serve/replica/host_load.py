@@ -46,7 +46,6 @@ class HostLoad:
     def __init__(self, window_s: float = 0.25, weight: float = 0.5, *,
                  read_idle_s: Callable[[], float] = idle_s,
                  clock: Callable[[], float] = time.monotonic):
-        self.window_s, self.weight = window_s, weight
         self.read_idle_s, self.clock = read_idle_s, clock
         self._cores = WindowedRate(window_s, weight)  # idle seconds per second
         self.yields = False
