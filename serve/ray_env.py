@@ -277,11 +277,26 @@ def stop(pids: list[int], log: Callable[[str], object]) -> None:
 
 
 def alive(pid: int, proc: Path = Path("/proc")) -> bool:
-    """Whether `pid` runs (a zombie, exited but not yet waited for, does not)."""
+    """Whether `pid` runs: any of its threads does. A zombie, exited but not yet waited for,
+    does not; a process whose first thread exited while others still run (HAProxy's threads
+    closing its sockets) does, though its own state reads as a zombie's."""
+    process = proc / str(pid)
     try:
-        return _stat(proc / str(pid))[0] != "Z"
+        if _stat(process)[0] not in _GONE:
+            return True
+        threads = [entry for entry in (process / "task").iterdir() if entry.name != str(pid)]
     except (OSError, IndexError):
         return False
+    for thread in threads:
+        try:
+            if _stat(thread)[0] not in _GONE:
+                return True
+        except (OSError, IndexError):  # exited meanwhile
+            continue
+    return False
+
+
+_GONE = ("Z", "X")  # zombie, dead
 
 
 def _stat(process: Path) -> list[str]:

@@ -5,6 +5,7 @@ cluster's transport, and finding HAProxy processes a killed cluster left behind.
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ray.serve.handle import DeploymentHandle
@@ -68,6 +69,41 @@ def test_only_haproxies_whose_ray_proxy_is_gone_are_orphans(tmp_path):
     (tmp_path / "self").mkdir()
     found = ray_env.orphaned_haproxies(tmp_path, Path("/tmp/haproxy-serve"))
     assert sorted(found) == [60, 80, 90]
+
+
+def test_a_process_runs_while_any_of_its_threads_does(tmp_path):
+    _process(tmp_path, 10, 1, b"haproxy")
+    (tmp_path / "10" / "stat").write_text("10 (haproxy) Z 1 10 10 0 -1")
+    for tid, state in ((10, "Z"), (11, "S")):
+        (tmp_path / "10" / "task" / str(tid)).mkdir(parents=True)
+        (tmp_path / "10" / "task" / str(tid) / "stat").write_text(f"{tid} (haproxy) {state} 1")
+    assert ray_env.alive(10, tmp_path)  # its first thread exited, another closes its sockets
+    (tmp_path / "10" / "task" / "11" / "stat").write_text("11 (haproxy) X 1")
+    assert not ray_env.alive(10, tmp_path)
+    assert not ray_env.alive(12, tmp_path)  # no such process
+
+
+def test_a_process_whose_first_thread_exited_runs_until_its_last_thread_ends():
+    """The kernel shows such a process as a zombie (its first thread's state) while its other
+    threads still hold its files and sockets: not stopped yet."""
+    process = subprocess.Popen([sys.executable, "-c",
+                                "import ctypes, threading, time\n"
+                                "threading.Thread(target=time.sleep, args=(1.5,)).start()\n"
+                                "ctypes.CDLL(None).pthread_exit(None)\n"])
+    try:
+        stat = Path(f"/proc/{process.pid}/stat")
+        deadline = time.monotonic() + 1.0
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the first thread never exited"
+            time.sleep(0.01)
+        assert ray_env.alive(process.pid)
+        deadline = time.monotonic() + 10
+        while ray_env.alive(process.pid):
+            assert time.monotonic() < deadline, "the last thread never ended"
+            time.sleep(0.05)
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_serve_starts_haproxy_through_the_launcher_bound_to_the_listen_host(monkeypatch):
