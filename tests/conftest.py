@@ -42,3 +42,14 @@ def _own_cache(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture(scope="session")
+def small_lm(tmp_path_factory) -> Path:
+    """The project's small causal LM (ops.generate.small_lm), trained once per test run (the
+    run's own cache holds it)."""
+    from ops.generate.small_lm import build
+
+    folder = tmp_path_factory.mktemp("small-lm") / "model"
+    build(folder)
+    return folder

@@ -1,0 +1,296 @@
+"""The decode loop (serve.generate.decode) with the real small LM: sequences join and leave a
+running batch between steps and each still gets the model's own greedy tokens; the KV budget
+admits what fits, holds the rest and refuses what never fits; cancellation, deadlines, seeds,
+stop strings and a failing forward each end only their own sequence."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from serve.generate.decode import (
+    DecodeLoop,
+    Event,
+    NeverFits,
+    PromptTooLong,
+    Sampling,
+    Sequence,
+)
+from serve.generate.kv import KvBudget, KvCost, Row
+
+PROMPTS = ["The hospital reviewed the", "Local news: the", "Why the mental health",
+           "shares fell", "The treaty announced the referendum on", "def"]
+
+
+@pytest.fixture(scope="module")
+def lm(small_lm):
+    tokenizer = AutoTokenizer.from_pretrained(small_lm)
+    model = AutoModelForCausalLM.from_pretrained(small_lm).eval()
+    return model, tokenizer
+
+
+def cost(model) -> KvCost:
+    return KvCost.of(model.config, dtype_bytes=4)
+
+
+def loop_of(lm, capacity_tokens: int = 100_000, **kwargs) -> DecodeLoop:
+    model, tokenizer = lm
+    return DecodeLoop(model, tokenizer, KvBudget(capacity_tokens * cost(model).per_token,
+                                                 cost(model)), **kwargs)
+
+
+class Heard:
+    """A sequence's events, as its `emit` hears them."""
+
+    def __init__(self):
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    @property
+    def finish(self) -> Event | None:
+        return next((e for e in self.events if e.finish), None)
+
+
+def submit(loop, tokenizer, prompt: str, **sampling) -> tuple[Sequence, Heard]:
+    heard = Heard()
+    ids = tokenizer(prompt)["input_ids"]
+    sampling.setdefault("temperature", 0)
+    return loop.submit(Sequence(ids, Sampling(**sampling), heard)), heard
+
+
+def until_done(loop, sequences, steps: int = 500) -> None:
+    for _ in range(steps):
+        if all(s.finish for s in sequences):
+            return
+        loop.step()
+    raise AssertionError("sequences never finished")
+
+
+def test_each_joining_sequence_gets_the_models_own_greedy_tokens(lm):
+    model, tokenizer = lm
+    loop = loop_of(lm)
+    sequences = []
+    for i, prompt in enumerate(PROMPTS):  # a new sequence joins every third step
+        sequences.append(submit(loop, tokenizer, prompt, max_tokens=12 + 3 * i))
+        for _ in range(3):
+            loop.step()
+    until_done(loop, [s for s, _ in sequences])
+    for sequence, heard in sequences:
+        ids = torch.tensor([sequence.prompt + sequence.generated])
+        with torch.inference_mode():
+            logits = model(input_ids=ids).logits[0]
+        for offset, token in enumerate(sequence.generated):
+            row = logits[len(sequence.prompt) + offset - 1]
+            assert row[token] >= row.max() - 1e-4, (sequence.prompt, offset)  # greedy, alone
+        assert heard.finish.finish in ("length", "stop")
+        assert heard.finish.completion_tokens == len(sequence.generated)
+        assert heard.text == tokenizer.decode(sequence.generated, skip_special_tokens=True)
+        reference = model.generate(torch.tensor([sequence.prompt]), do_sample=False,
+                                   max_new_tokens=len(sequence.generated) or 1)
+        assert reference[0, len(sequence.prompt):].tolist()[:len(sequence.generated)] \
+            == sequence.generated
+    assert loop.sequences_running == 0 and loop.batch.rows == 0
+    assert loop.budget.in_use_bytes == 0 < loop.budget.peak_bytes
+
+
+def test_the_budget_holds_what_does_not_fit_now_and_refuses_what_never_fits(lm):
+    model, tokenizer = lm
+    loop = loop_of(lm, capacity_tokens=60)
+    first, _ = submit(loop, tokenizer, PROMPTS[0], max_tokens=30)
+    second, heard = submit(loop, tokenizer, PROMPTS[1], max_tokens=30)
+    loop.step()
+    assert loop.sequences_running == 1 and loop.sequences_waiting == 1
+    until_done(loop, [first, second])
+    assert heard.finish.finish in ("length", "stop") and 0 < len(second.generated) <= 30
+    assert loop.budget.peak_bytes <= loop.budget.capacity_bytes
+    with pytest.raises(NeverFits, match="KV cache budget holds 60"):
+        submit(loop, tokenizer, PROMPTS[0], max_tokens=60)
+    context = model.config.max_position_embeddings
+    with pytest.raises(PromptTooLong, match=f"context holds {context}"):
+        loop.submit(Sequence([1] * context, Sampling(max_tokens=1), Heard()))
+
+
+def test_max_tokens_past_the_context_end_the_answer_at_the_context(lm):
+    model, tokenizer = lm
+    loop = loop_of(lm)
+    context = model.config.max_position_embeddings
+    sequence = loop.submit(Sequence([tokenizer.bos_token_id] + [5] * (context - 4),
+                                    Sampling(max_tokens=50, temperature=0), Heard()))
+    assert sequence.sampling.max_tokens == 3
+
+
+def test_the_padded_batch_worst_case_decides_admission():
+    budget = KvBudget(100 * 8, KvCost(1, 1, 1, 4))  # 8 bytes a token: 100 tokens
+    assert budget.admits([], 0, Row(10, 90))
+    assert not budget.admits([], 0, Row(10, 91))
+    # two rows 20 wide growing 10 and 40 more: (20+10)*2 = 60, then (20+40)*1 = 60
+    assert budget.admits([Row(20, 10)], 20, Row(5, 40))
+    # a third 70 long one: the batch widens to 70 for every row
+    assert not budget.admits([Row(20, 10), Row(5, 40)], 20, Row(70, 1))
+    assert budget.never_fits(101) and not budget.never_fits(100)
+    with pytest.raises(ValueError, match="holds no token"):
+        KvBudget(4, KvCost(1, 1, 1, 4))
+
+
+def test_the_cost_of_a_token_is_layers_kv_heads_head_size_bytes_twice(lm):
+    model, _ = lm
+    config = model.config
+    assert cost(model).per_token == (config.num_hidden_layers * config.num_key_value_heads
+                                     * (config.hidden_size // config.num_attention_heads) * 4 * 2)
+
+
+def test_a_cancelled_sequence_leaves_at_the_next_step_and_frees_its_cache(lm):
+    _, tokenizer = lm
+    loop = loop_of(lm)
+    keep, _ = submit(loop, tokenizer, PROMPTS[0], max_tokens=40)
+    gone, heard = submit(loop, tokenizer, PROMPTS[4], max_tokens=40)
+    for _ in range(4):
+        loop.step()
+    held = loop.budget.in_use_bytes
+    loop.cancel(gone)
+    loop.step()
+    assert heard.finish.finish == "cancelled" and loop.sequences_running == 1
+    assert loop.budget.in_use_bytes < held
+    until_done(loop, [keep])
+    assert len(keep.generated) == 40 or keep.finish == "stop"
+
+
+def test_a_deadline_ends_a_waiting_or_running_sequence(lm):
+    _, tokenizer = lm
+    now = [0.0]
+    loop = loop_of(lm, capacity_tokens=60, clock=lambda: now[0])
+    running, ran = submit(loop, tokenizer, PROMPTS[0], max_tokens=40)
+    waiting, waited = submit(loop, tokenizer, PROMPTS[1], max_tokens=40)
+    running.deadline, waiting.deadline = 10.0, 5.0
+    loop.step()
+    now[0] = 6.0
+    loop.step()
+    assert waited.finish.finish == "timeout" and not waiting.generated
+    now[0] = 11.0
+    loop.step()
+    assert ran.finish.finish == "timeout" and loop.sequences_running == 0
+
+
+def test_a_seed_gives_the_same_draw_alone_or_in_a_batch(lm):
+    _, tokenizer = lm
+    alone = loop_of(lm)
+    solo, _ = submit(alone, tokenizer, PROMPTS[1], max_tokens=20, temperature=1.0, seed=7)
+    until_done(alone, [solo])
+    crowded = loop_of(lm)
+    others = [submit(crowded, tokenizer, p, max_tokens=25, temperature=1.0)[0]
+              for p in PROMPTS[2:5]]
+    again, _ = submit(crowded, tokenizer, PROMPTS[1], max_tokens=20, temperature=1.0, seed=7)
+    until_done(crowded, [again, *others])
+    assert again.generated == solo.generated
+    narrow = loop_of(lm)  # top_p near 0 keeps only the most likely token: greedy
+    sampled, _ = submit(narrow, tokenizer, PROMPTS[0], max_tokens=15, temperature=1.5,
+                        top_p=1e-6, seed=1)
+    greedy, _ = submit(narrow, tokenizer, PROMPTS[0], max_tokens=15)
+    until_done(narrow, [sampled, greedy])
+    assert sampled.generated == greedy.generated
+
+
+def test_a_stop_string_ends_the_text_before_it_and_no_piece_of_it_is_sent(lm):
+    _, tokenizer = lm
+    loop = loop_of(lm)
+    free, _ = submit(loop, tokenizer, PROMPTS[0], max_tokens=30)
+    until_done(loop, [free])
+    text = tokenizer.decode(free.generated, skip_special_tokens=True)
+    words = text.split()
+    stop = " " + words[2]  # the third word, with the space before it
+    cut, heard = submit(loop, tokenizer, PROMPTS[0], max_tokens=30, stop=(stop, "never"))
+    until_done(loop, [cut])
+    assert heard.finish.finish == "stop"
+    assert heard.text == text[:text.index(stop)]
+    sent = ""  # no piece sent ever held the start of the stop string the text later cut
+    for event in heard.events:
+        sent += event.text
+        assert text.startswith(sent) and len(sent) <= text.index(stop)
+
+
+def test_text_pieces_make_up_any_script_exactly(lm):
+    from serve.generate.text import TextStream
+    _, tokenizer = lm
+    text = "中国队的比赛 🚀 naïve café, done."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    stream = TextStream(tokenizer)
+    pieces = [stream.push(token) for token in ids] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+class FailingModel(torch.nn.Module):
+    """The small LM, failing the forwards `fails` picks as a machine out of memory does (or
+    with `error` for any other failure)."""
+
+    def __init__(self, model, fails, error: str = "DefaultCPUAllocator: can't allocate memory"):
+        super().__init__()
+        self.model, self.fails, self.error = model, fails, error
+        self.config, self.generation_config = model.config, model.generation_config
+
+    def forward(self, input_ids, **kwargs):
+        if self.fails(input_ids):
+            raise RuntimeError(self.error)
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_prefill_out_of_memory_fails_its_sequence_only(lm):
+    model, tokenizer = lm
+    doomed = tokenizer(PROMPTS[4])["input_ids"]
+    failing = FailingModel(model, lambda ids: any(  # a prefill holding it, padded or not
+        row.tolist()[-len(doomed):] == doomed for row in ids))
+    loop = DecodeLoop(failing, tokenizer, KvBudget(10**8, cost(model)))
+    fine, _ = submit(loop, tokenizer, PROMPTS[0], max_tokens=10)
+    bad, heard = submit(loop, tokenizer, PROMPTS[4], max_tokens=10)
+    until_done(loop, [fine, bad])
+    assert heard.finish.finish == "error" and "out of memory in its prefill" in heard.finish.error
+    assert fine.finish in ("length", "stop") and fine.generated
+
+
+def test_a_decode_step_out_of_memory_fails_the_newest_sequence_and_the_rest_go_on(lm):
+    model, tokenizer = lm
+    failing = FailingModel(model, lambda ids: ids.shape == (3, 1))  # the step with 3 rows
+    loop = DecodeLoop(failing, tokenizer, KvBudget(10**8, cost(model)))
+    sequences = [submit(loop, tokenizer, p, max_tokens=10) for p in PROMPTS[:3]]
+    until_done(loop, [s for s, _ in sequences])
+    assert [s.finish != "error" for s, _ in sequences] == [True, True, False]
+    assert "out of memory in a decode step" in sequences[2][1].finish.error
+
+
+def test_the_loop_thread_serves_submits_and_outlives_a_failing_model(lm):
+    model, tokenizer = lm
+    broken = [True]
+    failing = FailingModel(model, lambda ids: broken[0], error="a bug in a kernel")
+    loop = DecodeLoop(failing, tokenizer, KvBudget(10**8, cost(model)))
+    stopping = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stopping,), daemon=True)
+    thread.start()
+    try:
+        first, heard = submit(loop, tokenizer, PROMPTS[0], max_tokens=8)
+        _wait(lambda: first.finish)
+        assert heard.finish.finish == "error" and "the model failed" in heard.finish.error
+        broken[0] = False
+        second, heard = submit(loop, tokenizer, PROMPTS[0], max_tokens=8)
+        _wait(lambda: second.finish)
+        assert heard.finish.finish in ("length", "stop") and second.generated
+    finally:
+        stopping.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def _wait(condition, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
