@@ -5,9 +5,10 @@ the loop drops the sequences that finished, were cancelled or ran past their dea
 their KV cache at once), then admits waiting ones while the KV budget (serve.generate.kv) grants
 them, up to `prefill_tokens` of prompt a step (so a burst of arrivals cannot stall the running
 sequences for long): they are prefilled together in one forward and join the running batch
-(serve.generate.batch). One decode step then gives every running sequence its next token. Each sequence hears of its tokens and its end
-through its own `emit`, called on the loop's thread: an event per token (its text may be empty
-while a character or a possible stop string is incomplete), then one that ends it.
+(serve.generate.batch). One decode step then gives every running sequence its next token.
+Each sequence hears of its tokens and its end through its own `emit`, called on the loop's
+thread: an event per token (its text may be empty while a character or a possible stop string
+is incomplete), then one that ends it.
 
 A forward that runs out of memory fails the sequence it was for (a prefill of several is tried
 again one by one), or the newest running sequence (a decode step, retried without it): the others
@@ -151,6 +152,15 @@ class DecodeLoop:
         """Ends every running sequence with `error` and empties the batch; waiting ones stay."""
         for sequence in self.running:
             self._end(sequence, "error", error)
+        self.running, self.batch = [], PaddedBatch()
+        self.budget.holds(0)
+
+    def end_all(self, finish: str) -> None:
+        """Ends every sequence, running or waiting, as `finish` (the loop is stopped)."""
+        with self._wake:
+            waiting, self.waiting = list(self.waiting), deque()
+        for sequence in [*self.running, *waiting]:
+            self._end(sequence, finish)
         self.running, self.batch = [], PaddedBatch()
         self.budget.holds(0)
 

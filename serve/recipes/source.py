@@ -54,7 +54,24 @@ def model_dir(settings: ModelSettings, arm: str = "baseline") -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"CANARY_{setting.upper()}: model folder {path} has no config.json")
+    refuse_causal_lm(path, f"CANARY_{setting.upper()}")
     return path
+
+
+def refuse_causal_lm(path: Path, setting: str) -> None:
+    """A causal language model is not served yet (docs/generative.md): loaded as an encoder it
+    would answer `embed` and `classify` with the pooled states of a model never trained for
+    them. ValueError naming the setting."""
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return  # transformers says what is wrong with the config when it loads it
+    causal = [a for a in architectures or () if str(a).endswith("ForCausalLM")]
+    if causal:
+        raise ValueError(
+            f"{setting}: {path} holds a causal language model ({causal[0]}); the gateway "
+            "serves encoders (embed, classify) and does not serve generative models yet "
+            "(docs/generative.md)")
 
 
 def has_head(config) -> bool:

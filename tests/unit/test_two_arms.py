@@ -81,6 +81,17 @@ def test_each_arm_takes_its_own_folder_else_the_common_one(v1, v2):
     assert model_dir(two_arms(v1, v2), "baseline") == v1
 
 
+@pytest.mark.parametrize("arm", ["baseline", "optimized"])
+def test_a_causal_lm_folder_is_refused_naming_the_setting(arm, v1, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    settings = Settings(model_path=str(v1), **{f"{arm}_model_path": str(tmp_path)})
+    with pytest.raises(ValueError, match=f"CANARY_{arm.upper()}_MODEL_PATH: .* holds a causal "
+                                         "language model \\(LlamaForCausalLM\\)"):
+        model_dir(settings, arm)
+    assert model_dir(settings, "optimized" if arm == "baseline" else "baseline") == v1
+
+
 def test_auto_is_refused_for_the_baseline():
     with pytest.raises(ValueError, match="baseline_recipe cannot be auto"):
         Settings(baseline_recipe="auto")
