@@ -1,0 +1,83 @@
+"""Teacher-forced fidelity of a causal LM to fp32 (serve.generate.fidelity) and the recipes'
+bench on the small LM (ops.bench.generate_recipes): identical models score zero, a faithful
+recipe scores far below a model damaged by construction, and the bench says why it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ops.bench import generate_recipes
+from ops.bench.generate_loop import prompts
+from serve.generate.fidelity import compare, continuation_logits, first_divergence
+
+
+@pytest.fixture(scope="module")
+def lm(small_lm):
+    return (AutoModelForCausalLM.from_pretrained(small_lm).eval(),
+            AutoTokenizer.from_pretrained(small_lm))
+
+
+def test_a_model_against_itself_scores_zero_divergence(lm):
+    model, tokenizer = lm
+    prompt = tokenizer("The hospital reviewed the")["input_ids"]
+    continuation = [5, 9, 12, 40]
+    logits = continuation_logits(model, prompt, continuation)
+    assert logits.shape == (4, model.config.vocab_size)
+    scored = compare(logits, logits.clone(), continuation)
+    assert max(scored.kld) < 1e-6 and all(scored.same_top)
+    assert scored.reference_nll == scored.other_nll
+
+
+def test_kl_divergence_is_the_reference_weighted_log_ratio():
+    p = torch.tensor([[2.0, 1.0, 0.0]])
+    q = torch.tensor([[0.0, 1.0, 2.0]])
+    scored = compare(p, q, [0])
+    lp, lq = p.log_softmax(-1), q.log_softmax(-1)
+    assert scored.kld[0] == pytest.approx(float((lp.exp() * (lp - lq)).sum()), rel=1e-6)
+    assert scored.same_top == [False]
+    assert scored.reference_nll[0] == pytest.approx(float(-lp[0, 0]))
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2
+
+
+def test_a_faithful_recipe_scores_far_below_damage_made_by_construction(lm):
+    model, tokenizer = lm
+    requests = prompts(tokenizer, 10)
+    reference = generate_recipes.greedy(model, tokenizer, requests, 16)
+    same = generate_recipes.fidelity(model, model, tokenizer, requests, reference)
+    assert same["kld_max"] < 1e-6 and same["same_top"] == 1 and same["identical"] == 1
+    faithful = generate_recipes.fidelity(
+        model, generate_recipes.build(model, "int8-dynamic-per-channel"), tokenizer, requests,
+        reference)
+    damaged = generate_recipes.fidelity(
+        model, generate_recipes.build(model, generate_recipes.DAMAGED), tokenizer, requests,
+        reference)
+    assert faithful["kld_mean"] * 5 < damaged["kld_mean"], (faithful, damaged)
+    assert faithful["same_top"] > damaged["same_top"]
+    assert damaged["perplexity"] > damaged["perplexity_fp32"]
+
+
+def test_the_bench_writes_a_row_per_model_and_refuses_what_is_no_torch_recipe(
+        small_lm, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert generate_recipes.main([
+        "--model", str(small_lm), "--recipes", "bf16", "--concurrency", "1", "--prompts", "3",
+        "--tokens", "4", "--rounds", "1", "--json", str(out)]) == 0
+    rows = {row["recipe"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {"fp32", "bf16", generate_recipes.DAMAGED}
+    assert rows["fp32"]["identical"] == 1 and rows["fp32"]["speedup_c1"] == 1
+    assert all(row["tokens_per_s_c1"] > 0 for row in rows.values())
+    assert "KLD mean" in capsys.readouterr().out
+    for recipes, says in (("nope", "unknown recipe 'nope'"),
+                          ("onnx-int8", "builds an encoder artifact")):
+        with pytest.raises(SystemExit) as done:
+            generate_recipes.main(["--model", str(small_lm), "--recipes", recipes])
+        assert done.value.code == 2 and says in capsys.readouterr().err
