@@ -47,16 +47,11 @@ def damaged_4bit(model):
 
 
 def build(fp32, name: str):
-    """A recipe's model from a copy of `fp32` (ValueError for one that is not a torch model's
-    or does not run on the CPU)."""
-    from serve.recipes import recipe
+    """A recipe's model from a copy of `fp32` (serve.recipes.causal_lm), or the damaged one."""
+    from serve.recipes.causal_lm import build as build_recipe
     if name == DAMAGED:
         return damaged_4bit(copy.deepcopy(fp32))
-    spec = recipe(name)
-    if spec.runtime or spec.needs_plan:
-        raise ValueError(f"{name} builds an encoder artifact or plan, not a causal LM")
-    spec.check_device("cpu")
-    return spec.build(copy.deepcopy(fp32), "cpu")
+    return build_recipe(fp32, name)
 
 
 def greedy(model, tokenizer, requests: list[list[int]], tokens: int) -> list[list[int]]:

@@ -92,6 +92,11 @@ class ModelSettings(BaseSettings):
         "neighbours a core](production.md#leaving-the-neighbours-a-core)); off for a container "
         "whose CPU quota is a part of a host"
     )
+    kv_cache_mib: float = Field(
+        0, ge=0, le=1 << 20, description="a generative model replica's KV cache budget, MiB "
+        "([generative arms](generative.md)): a request that cannot fit now waits, one that can "
+        "never fit is refused; 0: a quarter of the memory available when the replica starts"
+    )
     @field_validator("labels", mode="before")
     @classmethod
     def _split_labels(cls, value):

@@ -22,6 +22,11 @@ class Runner:
                                         name="decode-loop", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the loop's thread runs."""
+        return self._thread.is_alive()
+
     async def stream(self, prompt: list[int], sampling: Sampling,
                      deadline: float | None = None) -> AsyncIterator[Event]:
         """The sequence's events, its last one with `finish` set. PromptTooLong or NeverFits

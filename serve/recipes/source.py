@@ -40,9 +40,11 @@ class LabelsDiffer(ModelSourceError):
     """The arms classify into different label lists: their agreement would mean nothing."""
 
 
-def model_dir(settings: ModelSettings, arm: str = "baseline") -> Path:
+def model_dir(settings: ModelSettings, arm: str = "baseline", *,
+              generative: bool = False) -> Path:
     """The model folder of `arm`: its own `<arm>_model_path`, else `model_path`, else the
-    packaged model. A folder without config.json is an error naming the setting to fix."""
+    packaged model. A folder without config.json is an error naming the setting to fix, and so
+    is a causal LM where an encoder is loaded (or the other way round: `generative`)."""
     own = getattr(settings, f"{arm}_model_path")
     setting = f"{arm}_model_path" if own else "model_path"
     if own or settings.model_path:
@@ -54,24 +56,27 @@ def model_dir(settings: ModelSettings, arm: str = "baseline") -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"CANARY_{setting.upper()}: model folder {path} has no config.json")
-    refuse_causal_lm(path, f"CANARY_{setting.upper()}")
+    if generative != is_causal_lm(path):
+        raise ValueError(f"CANARY_{setting.upper()}: {path} holds no causal language model "
+                         "(an architecture named *ForCausalLM in its config.json)"
+                         if generative else _causal_refused(path, f"CANARY_{setting.upper()}"))
     return path
 
 
-def refuse_causal_lm(path: Path, setting: str) -> None:
-    """A causal language model is not served yet (docs/generative.md): loaded as an encoder it
-    would answer `embed` and `classify` with the pooled states of a model never trained for
-    them. ValueError naming the setting."""
+def is_causal_lm(path: Path) -> bool:
+    """Whether the folder's config.json names a causal LM architecture (*ForCausalLM)."""
     try:
         architectures = json.loads((path / "config.json").read_text()).get("architectures")
     except (OSError, ValueError, AttributeError):
-        return  # transformers says what is wrong with the config when it loads it
-    causal = [a for a in architectures or () if str(a).endswith("ForCausalLM")]
-    if causal:
-        raise ValueError(
-            f"{setting}: {path} holds a causal language model ({causal[0]}); the gateway "
-            "serves encoders (embed, classify) and does not serve generative models yet "
-            "(docs/generative.md)")
+        return False  # transformers says what is wrong with the config when it loads it
+    return any(str(a).endswith("ForCausalLM") for a in architectures or ())
+
+
+def _causal_refused(path: Path, setting: str) -> str:
+    """Why a causal LM is not loaded as an encoder: it would answer `embed` and `classify` with
+    the pooled states of a model never trained for them."""
+    return (f"{setting}: {path} holds a causal language model; the gateway serves encoders "
+            "(embed, classify) and does not serve generative models yet (docs/generative.md)")
 
 
 def has_head(config) -> bool:

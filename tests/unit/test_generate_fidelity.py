@@ -81,3 +81,17 @@ def test_the_bench_writes_a_row_per_model_and_refuses_what_is_no_torch_recipe(
         with pytest.raises(SystemExit) as done:
             generate_recipes.main(["--model", str(small_lm), "--recipes", recipes])
         assert done.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_auto_and_encoder_only_recipes_are_refused_naming_what_builds_a_causal_lm(lm):
+    from serve.recipes.causal_lm import build, causal_recipes, kv_dtype_bytes
+    model, _ = lm
+    assert {"fp32", "bf16", "int8-dynamic-per-channel"} <= set(causal_recipes())
+    assert "onnx-int8" not in causal_recipes() and "fp16-graphs" not in causal_recipes()
+    with pytest.raises(ValueError, match="pin one with CANARY_OPTIMIZED_RECIPE .*bf16"):
+        build(model, "auto")
+    with pytest.raises(ValueError, match="ct2-int8 builds an encoder artifact"):
+        build(model, "ct2-int8")
+    assert kv_dtype_bytes(build(model, "bf16")) == 2
+    assert kv_dtype_bytes(build(model, "int8-dynamic")) == 4  # float activations, float KV
+    assert kv_dtype_bytes(model) == 4 and next(model.parameters()).dtype == torch.float32

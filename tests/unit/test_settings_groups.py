@@ -177,6 +177,8 @@ WHOLE_SETTINGS = {
     "builds it from what build() binds, and it hands each component its groups",
     "serve/replica/model_server.py:ModelServer.__init__": "a model replica's composition root (as "
     "the gateway)",
+    "serve/replica/generate_server.py:GenerateServer.__init__": "a generative arm's model "
+    "replica's composition root (as ModelServer)",
     "serve/gateway/deployment.py:Gateway._open_arms": "hands the whole settings to "
     "serve.gateway.colocated.load (the colocated topology)",
     "serve/gateway/colocated.py:load": "builds both arms' ModelServer (composition roots) in a "

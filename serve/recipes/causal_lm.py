@@ -1,0 +1,39 @@
+"""A causal LM under a recipe: the registry's torch recipes (serve.recipes), which transform any
+model of `nn.Linear` layers, applied to a copy of the fp32 model, as an encoder arm's are.
+
+Runtime recipes (ONNX Runtime, CTranslate2, OpenVINO) and the accuracy-aware plan build encoder
+artifacts and are refused. So is `auto` until a causal LM's gates exist (docs/generative.md):
+the error names the recipes to pin instead.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from serve.recipes import AUTO, RECIPES, recipe
+
+
+def causal_recipes(device: str = "cpu") -> list[str]:
+    """The registry's recipes that build a causal LM on `device`."""
+    return [name for name, spec in RECIPES.items()
+            if not (spec.runtime or spec.needs_plan) and device in spec.devices]
+
+
+def build(fp32, name: str, device: str = "cpu"):
+    """The model `name` makes of a copy of `fp32` (ValueError for a recipe that does not
+    build a causal LM, naming those that do)."""
+    if name == AUTO:
+        raise ValueError("auto does not choose a causal LM's recipe yet: pin one with "
+                         f"CANARY_OPTIMIZED_RECIPE ({', '.join(causal_recipes(device))})")
+    spec = recipe(name)
+    if spec.runtime or spec.needs_plan:
+        raise ValueError(f"{name} builds an encoder artifact or plan, not a causal LM: one of "
+                         f"{', '.join(causal_recipes(device))}")
+    spec.check_device(device)
+    return spec.build(copy.deepcopy(fp32), device).eval()
+
+
+def kv_dtype_bytes(model) -> int:
+    """Bytes per element of the KV cache the model writes: its embeddings' dtype (dynamic int8
+    recipes keep float activations, so their keys and values stay float too)."""
+    return model.get_input_embeddings().weight.element_size()

@@ -1,0 +1,104 @@
+"""The model deployment of a generative arm: a causal LM under its recipe, one decode loop
+(serve.generate.decode) on a thread of its own, each request's tokens streamed back through
+Ray Serve's streaming handle (`handle.options(stream=True).generate.remote(...)`).
+
+The loop is the replica's only torch work, so its thread is the one OpenMP team of the process.
+Its KV cache budget is `CANARY_KV_CACHE_MIB` (0: a quarter of the memory available at start);
+`CANARY_MAX_BATCH_SIZE` caps the sequences decoded together. A request that cannot fit now
+waits in the loop within its deadline; one whose prompt leaves no room in the model's context
+or whose prompt plus `max_tokens` can never fit is refused before its first token
+(`PromptTooLong`, `NeverFits`). A consumer that stops reading (the client left) cancels its
+sequence: it leaves the batch and frees its cache at the next step.
+
+Not yet behind the gateway (docs/generative.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from ray import serve
+
+from rollout.settings import Settings
+from serve.common.quiet import quiet
+from serve.generate.decode import DecodeLoop, Sampling
+from serve.generate.kv import KvBudget, KvCost
+from serve.generate.runner import Runner
+from serve.recipes import recipe_for
+from serve.recipes.causal_lm import build, kv_dtype_bytes
+from serve.recipes.source import model_dir
+
+MIB = 1 << 20
+
+
+def kv_budget_bytes(kv_cache_mib: float, meminfo: str = "/proc/meminfo") -> int:
+    """`kv_cache_mib`, or a quarter of MemAvailable (a quarter of physical memory where
+    /proc/meminfo cannot be read)."""
+    if kv_cache_mib:
+        return int(kv_cache_mib * MIB)
+    try:
+        with open(meminfo) as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 4
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+@serve.deployment(name="generator", health_check_period_s=10, health_check_timeout_s=30)
+class GenerateServer:
+    def __init__(self, settings: Settings, arm: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.arm, self.path = arm, model_dir(settings, arm, generative=True)
+        self.recipe = recipe_for(arm, settings, "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        with quiet():  # transformers' model code loads here first (serve.common.quiet)
+            fp32 = AutoModelForCausalLM.from_pretrained(
+                self.path, local_files_only=True, dtype=torch.float32).eval()
+            self.model = fp32 if self.recipe == "fp32" else build(fp32, self.recipe)
+        cost = KvCost.of(self.model.config, kv_dtype_bytes(self.model))
+        budget = KvBudget(kv_budget_bytes(settings.kv_cache_mib), cost)
+        self.loop = DecodeLoop(self.model, self.tokenizer, budget,
+                               max_batch=settings.max_batch_size)
+        self.runner = Runner(self.loop)
+
+    def info(self) -> dict:
+        budget = self.loop.budget
+        return {
+            "arm": self.arm, "pid": os.getpid(), "recipe": self.recipe, "tasks": ["generate"],
+            "model": self.path.name, "context": self.loop.context,
+            "kv_budget_bytes": budget.capacity_bytes, "kv_token_bytes": budget.cost.per_token,
+            "kv_in_use_bytes": budget.in_use_bytes, "kv_peak_bytes": budget.peak_bytes,
+            "sequences_running": self.loop.sequences_running,
+            "sequences_waiting": self.loop.sequences_waiting,
+        }
+
+    async def generate(self, prompt: list[int], sampling: dict,
+                       remaining_s: float | None = None) -> AsyncIterator[dict]:
+        """The sequence's events as dicts (serve.generate.decode.Event), the last with
+        `finish`. `remaining_s`: what is left of the request's deadline."""
+        deadline = None if remaining_s is None else time.monotonic() + remaining_s
+        sampling = Sampling(**{**sampling, "stop": tuple(sampling.get("stop", ()))})
+        stream = self.runner.stream(prompt, sampling, deadline)
+        try:
+            async for event in stream:
+                yield asdict(event)
+        except asyncio.CancelledError:  # the caller went away: free the sequence now
+            await stream.aclose()
+            raise
+
+    def check_health(self) -> None:
+        if not self.runner.alive:
+            raise RuntimeError("the decode loop's thread is not running")
+
+    def __del__(self):
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
