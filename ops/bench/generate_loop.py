@@ -205,28 +205,42 @@ def _line(row: dict) -> str:
             f"ITL p50 {value('itl_p50_ms')} p99 {value('itl_p99_ms')} ms  {row['note']}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ops.bench.generate_loop",
-        description="Output tokens/s, time to first token and inter-token latency of the "
-        "decode loop beside transformers' generate() one request at a time and as a static "
-        "batch, in this process, on a causal-LM folder.")
+def parser_for(prog: str, description: str, concurrency: str) -> argparse.ArgumentParser:
+    """The options both in-process generative benches take: --model, --concurrency, --json."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--model", type=Path, required=True,
                         help="a Hugging Face causal-LM folder (e.g. ops.generate.small_lm's)")
-    parser.add_argument("--concurrency", default="1,8,32",
-                        help="closed-loop clients per cell, comma-separated (default 1,8,32)")
-    parser.add_argument("--max-tokens", type=int, default=64,
-                        help="tokens generated per request (default 64)")
+    parser.add_argument("--concurrency", default=concurrency,
+                        help=f"closed-loop clients per cell, comma-separated (default "
+                        f"{concurrency})")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The concurrencies, once --model and --concurrency are sound (else the parser's exit 2)."""
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         parser.error("--concurrency: comma-separated whole numbers")
-    if min(concurrencies) < 1 or args.max_tokens < 2:
-        parser.error("--concurrency values must be >= 1 and --max-tokens >= 2")
+    if min(concurrencies) < 1:
+        parser.error("--concurrency values must be >= 1")
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there")
+    return concurrencies
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_for(
+        "python -m ops.bench.generate_loop", "Output tokens/s, time to first token and "
+        "inter-token latency of the decode loop beside transformers' generate() one request "
+        "at a time and as a static batch, in this process, on a causal-LM folder.", "1,8,32")
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="tokens generated per request (default 64)")
+    args = parser.parse_args(argv)
+    concurrencies = checked(parser, args)
+    if args.max_tokens < 2:
+        parser.error("--max-tokens must be >= 2")
     rows = measure(args.model, concurrencies, args.max_tokens, print)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

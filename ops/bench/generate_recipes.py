@@ -20,7 +20,6 @@ by construction, to show what the figures look like when a recipe breaks the mod
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -28,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.bench.generate_loop import decode_loop, lengths, prompts
+from ops.bench.generate_loop import checked, decode_loop, lengths, parser_for, prompts
 from ops.load.tally import pct
 
 DAMAGED = "4-bit per-tensor (damaged)"
@@ -146,31 +145,21 @@ def _line(row: dict, concurrencies: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ops.bench.generate_recipes",
-        description="Decode speed and teacher-forced fidelity to fp32 (KL divergence, same "
-        "top-1 token, identical greedy continuations) of torch recipes applied to a causal "
-        "LM, in this process.")
-    parser.add_argument("--model", type=Path, required=True,
-                        help="a Hugging Face causal-LM folder (e.g. ops.generate.small_lm's)")
+    parser = parser_for(
+        "python -m ops.bench.generate_recipes", "Decode speed and teacher-forced fidelity to "
+        "fp32 (KL divergence, same top-1 token, identical greedy continuations) of torch "
+        "recipes applied to a causal LM, in this process.", "1,8")
     parser.add_argument("--recipes", default=DEFAULT_RECIPES,
                         help=f"comma-separated torch recipes (default {DEFAULT_RECIPES}); the "
                         f"damaged 4-bit row is always added")
-    parser.add_argument("--concurrency", default="1,8", help="decode-loop clients (default 1,8)")
     parser.add_argument("--prompts", type=int, default=40, help="prompts scored (default 40)")
     parser.add_argument("--tokens", type=int, default=32,
                         help="greedy continuation length scored (default 32)")
     parser.add_argument("--rounds", type=int, default=2, help="speed rounds, best of (2)")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    try:
-        concurrencies = [int(c) for c in args.concurrency.split(",")]
-    except ValueError:
-        parser.error("--concurrency: comma-separated whole numbers")
-    if min(concurrencies) < 1 or min(args.prompts, args.tokens, args.rounds) < 1:
-        parser.error("--concurrency, --prompts, --tokens and --rounds must be >= 1")
-    if not (args.model / "config.json").is_file():
-        parser.error(f"--model {args.model}: no config.json there")
+    concurrencies = checked(parser, args)
+    if min(args.prompts, args.tokens, args.rounds) < 1:
+        parser.error("--prompts, --tokens and --rounds must be >= 1")
     names = [n for n in args.recipes.split(",") if n] + [DAMAGED]
     try:
         rows = measure(args.model, names, concurrencies, args.prompts, args.tokens,

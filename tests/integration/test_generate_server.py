@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from ray import serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout.settings import Settings
 from serve.replica.generate_server import GenerateServer, kv_budget_bytes
+from tests.causal_lm import assert_greedy
 
 APP = "generate-test"
 
@@ -49,8 +49,7 @@ def test_streamed_tokens_are_the_models_greedy_ones(generator, lm):
     ids = [e["token"] for e in tokens]
     assert last["completion_tokens"] == len(ids) > 0
     assert "".join(e["text"] for e in events) == tokenizer.decode(ids, skip_special_tokens=True)
-    reference = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=len(ids))
-    assert reference[0, len(prompt):].tolist()[:len(ids)] == ids
+    assert_greedy(model, prompt, ids)
     info = generator.info.remote().result()
     assert info["tasks"] == ["generate"] and info["recipe"] == "fp32"
     assert info["kv_budget_bytes"] == 1 << 19 and info["kv_token_bytes"] == 2048
