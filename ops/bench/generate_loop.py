@@ -11,7 +11,7 @@ closed-loop clients see them (a client sends its next request when its answer is
 - `one at a time`: `generate()` per request, in order of arrival;
 - `static batch`: `generate()` on `c` left-padded requests at once, run to the longest of them
   (only each request's own tokens count), the next `c` when all are done;
-- `decode loop` (serve.generate.decode): requests join the running batch between steps and
+- `decode loop` (serve.generative.decode): requests join the running batch between steps and
   leave when done.
 
 Each reports output tokens per second over the cell, time to first token (from the request's
@@ -116,8 +116,8 @@ def hf_batches(model, requests, wanted: list[int], concurrency: int, size: int, 
 
 
 def decode_loop(model, tokenizer, requests, wanted: list[int], concurrency: int) -> Cell:
-    from serve.generate.decode import DecodeLoop, Sampling, Sequence
-    from serve.generate.kv import KvBudget, KvCost
+    from serve.generative.decode import DecodeLoop, Sampling, Sequence
+    from serve.generative.kv import KvBudget, KvCost
     cost = KvCost.of(model.config, dtype_bytes=next(model.parameters()).element_size())
     loop = DecodeLoop(model, tokenizer, KvBudget(1 << 34, cost), max_batch=max(concurrency, 1))
     cell = Cell("decode loop", concurrency)

@@ -8,7 +8,7 @@ copy of the fp32 model, as an optimized arm's would be, and judged two ways:
 
 - speed: the decode loop's output tokens/s at each `--concurrency` (ops.bench.generate_loop's
   requests), fp32 and every recipe measured in turn, `--rounds` times, best of;
-- fidelity, teacher-forced (serve.generate.fidelity): fp32's greedy continuation of each prompt
+- fidelity, teacher-forced (serve.generative.fidelity): fp32's greedy continuation of each prompt
   (`--tokens`, EOS ends it), then fp32 and the recipe scored on those same tokens in one forward
   each: KL(fp32 || recipe) per token (mean, p99, max), how often the most likely token agrees,
   the perplexity of the continuation under each; and the recipe's own greedy continuation:
@@ -55,8 +55,8 @@ def build(fp32, name: str):
 
 def greedy(model, tokenizer, requests: list[list[int]], tokens: int) -> list[list[int]]:
     """Each request's greedy continuation by the decode loop (EOS ends it)."""
-    from serve.generate.decode import DecodeLoop, Sampling, Sequence
-    from serve.generate.kv import KvBudget, KvCost
+    from serve.generative.decode import DecodeLoop, Sampling, Sequence
+    from serve.generative.kv import KvBudget, KvCost
     cost = KvCost.of(model.config, 4)
     loop = DecodeLoop(model, tokenizer, KvBudget(1 << 34, cost), max_batch=16)
     sequences = [loop.submit(Sequence(p, Sampling(max_tokens=tokens, temperature=0),
@@ -67,7 +67,7 @@ def greedy(model, tokenizer, requests: list[list[int]], tokens: int) -> list[lis
 
 
 def fidelity(fp32, model, tokenizer, requests, reference: list[list[int]]) -> dict:
-    from serve.generate.fidelity import compare, continuation_logits, first_divergence
+    from serve.generative.fidelity import compare, continuation_logits, first_divergence
     kld, same, nll_ref, nll_other = [], [], [], []
     for prompt, continuation in zip(requests, reference, strict=True):
         if not continuation:

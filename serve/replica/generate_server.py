@@ -1,5 +1,5 @@
 """The model deployment of a generative arm: a causal LM under its recipe, one decode loop
-(serve.generate.decode) on a thread of its own, each request's tokens streamed back through
+(serve.generative.decode) on a thread of its own, each request's tokens streamed back through
 Ray Serve's streaming handle (`handle.options(stream=True).generate.remote(...)`).
 
 The loop is the replica's only torch work, so its thread is the one OpenMP team of the process.
@@ -25,9 +25,9 @@ from ray import serve
 
 from rollout.settings import Settings
 from serve.common.quiet import quiet
-from serve.generate.decode import DecodeLoop, Sampling
-from serve.generate.kv import KvBudget, KvCost
-from serve.generate.runner import Runner
+from serve.generative.decode import DecodeLoop, Sampling
+from serve.generative.kv import KvBudget, KvCost
+from serve.generative.streaming import Runner
 from serve.recipes import recipe_for
 from serve.recipes.causal_lm import build, kv_dtype_bytes
 from serve.recipes.source import model_dir
@@ -82,7 +82,7 @@ class GenerateServer:
 
     async def generate(self, prompt: list[int], sampling: dict,
                        remaining_s: float | None = None) -> AsyncIterator[dict]:
-        """The sequence's events as dicts (serve.generate.decode.Event), the last with
+        """The sequence's events as dicts (serve.generative.decode.Event), the last with
         `finish`. `remaining_s`: what is left of the request's deadline."""
         deadline = None if remaining_s is None else time.monotonic() + remaining_s
         sampling = Sampling(**{**sampling, "stop": tuple(sampling.get("stop", ()))})

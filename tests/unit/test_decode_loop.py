@@ -1,4 +1,4 @@
-"""The decode loop (serve.generate.decode) with the real small LM: sequences join and leave a
+"""The decode loop (serve.generative.decode) with the real small LM: sequences join and leave a
 running batch between steps and each still gets the model's own greedy tokens; the KV budget
 admits what fits, holds the rest and refuses what never fits; cancellation, deadlines, seeds,
 stop strings and a failing forward each end only their own sequence."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serve.generate.decode import (
+from serve.generative.decode import (
     DecodeLoop,
     Event,
     NeverFits,
@@ -20,7 +20,7 @@ from serve.generate.decode import (
     Sampling,
     Sequence,
 )
-from serve.generate.kv import KvBudget, KvCost, Row
+from serve.generative.kv import KvBudget, KvCost, Row
 from tests.causal_lm import assert_greedy
 
 PROMPTS = ["The hospital reviewed the", "Local news: the", "Why the mental health",
@@ -211,7 +211,7 @@ def test_a_stop_string_ends_the_text_before_it_and_no_piece_of_it_is_sent(lm):
 
 
 def test_text_pieces_make_up_any_script_exactly(lm):
-    from serve.generate.text import TextStream
+    from serve.generative.text import TextStream
     _, tokenizer = lm
     text = "中国队的比赛 🚀 naïve café, done."
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]

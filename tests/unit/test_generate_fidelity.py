@@ -1,4 +1,4 @@
-"""Teacher-forced fidelity of a causal LM to fp32 (serve.generate.fidelity) and the recipes'
+"""Teacher-forced fidelity of a causal LM to fp32 (serve.generative.fidelity) and the recipes'
 bench on the small LM (ops.bench.generate_recipes): identical models score zero, a faithful
 recipe scores far below a model damaged by construction, and the bench says why it refuses."""
 
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ops.bench import generate_recipes
 from ops.bench.generate_loop import prompts
-from serve.generate.fidelity import compare, continuation_logits, first_divergence
+from serve.generative.fidelity import compare, continuation_logits, first_divergence
 
 
 @pytest.fixture(scope="module")

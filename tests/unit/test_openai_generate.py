@@ -18,7 +18,7 @@ from serve.gateway.protocols.openai_generate import (
     parse,
     stream_error,
 )
-from serve.generate.decode import Event, Sampling
+from serve.generative.decode import Event, Sampling
 
 
 def body(**fields) -> bytes:

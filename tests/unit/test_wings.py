@@ -23,7 +23,7 @@ LAYERS = {
     "serve.control_plane": 4,
     "serve.dashboard": 4,
     "serve.recipes": 3,
-    "serve.generate": 3,
+    "serve.generative": 3,
     "serve.telemetry": 2,
     "serve.local_start": 2,
     "serve.common": 1,

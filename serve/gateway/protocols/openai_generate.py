@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from serve.gateway.protocols.door import BadRequest, first_error
-from serve.generate.decode import Event, Sampling
+from serve.generative.decode import Event, Sampling
 
 DONE = b"data: [DONE]\n\n"
 MAX_STOPS = 4

@@ -2,7 +2,7 @@
 
 A causal LM's decode keeps, per sequence, a key and a value vector per layer, KV head and token:
 `layers x KV heads x head size x dtype bytes x 2` bytes per token (`KvCost`). The decode loop
-(serve.generate.decode) keeps its running sequences as one left-padded batch: every row is as
+(serve.generative.decode) keeps its running sequences as one left-padded batch: every row is as
 wide as the longest, and all grow by a token per step. `KvBudget` admits a sequence only where the
 batch with it can reach its end within the capacity even if every row runs to its `max_tokens`,
 so a forward never asks for memory the budget did not grant; a sequence that could not fit even

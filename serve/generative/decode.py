@@ -2,10 +2,10 @@
 
 Sequences are submitted from any thread and wait in order of arrival. Between two decode steps
 the loop drops the sequences that finished, were cancelled or ran past their deadline (freeing
-their KV cache at once), then admits waiting ones while the KV budget (serve.generate.kv) grants
+their KV cache at once), then admits waiting ones while the KV budget (serve.generative.kv) grants
 them, up to `prefill_tokens` of prompt a step (so a burst of arrivals cannot stall the running
 sequences for long): they are prefilled together in one forward and join the running batch
-(serve.generate.batch). One decode step then gives every running sequence its next token.
+(serve.generative.batch). One decode step then gives every running sequence its next token.
 Each sequence hears of its tokens and its end through its own `emit`, called on the loop's
 thread: an event per token (its text may be empty while a character or a possible stop string
 is incomplete), then one that ends it.
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from serve.generate.batch import PaddedBatch, prefill
-from serve.generate.kv import KvBudget, Row
-from serve.generate.text import TextStream
+from serve.generative.batch import PaddedBatch, prefill
+from serve.generative.kv import KvBudget, Row
+from serve.generative.text import TextStream
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The decode loop streamed to asyncio (serve.generate.runner) with the real small LM, and
-prompts as token ids (serve.generate.prompts): concurrent streams each get their own greedy
+"""The decode loop streamed to asyncio (serve.generative.streaming) with the real small LM, and
+prompts as token ids (serve.generative.prompts): concurrent streams each get their own greedy
 answer, a consumer that stops reading frees its sequence, and bad prompts are refused with the
 reason."""
 
@@ -11,10 +11,10 @@ import time
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serve.generate.decode import DecodeLoop, NeverFits, Sampling
-from serve.generate.kv import KvBudget, KvCost
-from serve.generate.prompts import BadPrompt, chat_ids, completion_ids, plain_chat
-from serve.generate.runner import Runner
+from serve.generative.decode import DecodeLoop, NeverFits, Sampling
+from serve.generative.kv import KvBudget, KvCost
+from serve.generative.prompts import BadPrompt, chat_ids, completion_ids, plain_chat
+from serve.generative.streaming import Runner
 from tests.causal_lm import assert_greedy
 
 

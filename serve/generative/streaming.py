@@ -1,6 +1,6 @@
 """A decode loop on a thread of its own, streamed to asyncio: what a model replica runs per arm.
 
-`Runner.stream` submits a sequence and yields its events (serve.generate.decode.Event) as the
+`Runner.stream` submits a sequence and yields its events (serve.generative.decode.Event) as the
 loop produces them. A consumer that stops reading (the client went away, the stream was
 closed) cancels its sequence, which leaves the batch and frees its KV cache at the next step.
 """
@@ -11,7 +11,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 
-from serve.generate.decode import DecodeLoop, Event, Sampling, Sequence
+from serve.generative.decode import DecodeLoop, Event, Sampling, Sequence
 
 
 class Runner:
@@ -30,7 +30,7 @@ class Runner:
     async def stream(self, prompt: list[int], sampling: Sampling,
                      deadline: float | None = None) -> AsyncIterator[Event]:
         """The sequence's events, its last one with `finish` set. PromptTooLong or NeverFits
-        (serve.generate.decode) before the first where it can never run."""
+        (serve.generative.decode) before the first where it can never run."""
         events: asyncio.Queue[Event] = asyncio.Queue()
         here = asyncio.get_running_loop()
 
