@@ -17,7 +17,8 @@ closed-loop clients see them (a client sends its next request when its answer is
 Each reports output tokens per second over the cell, time to first token (from the request's
 arrival, waiting included) and inter-token latency (between a sequence's successive tokens),
 p50 and p99. transformers' own continuous batching (`generate_batch`) is added where the
-installed version has it and it runs on this machine's device, as a throughput row.
+installed version has it and it runs on this machine's device, as a throughput row
+(`--no-generate-batch` leaves it out: on a CPU it takes seconds per cell).
 """
 
 from __future__ import annotations
@@ -172,7 +173,9 @@ def transformers_continuous(model, requests, wanted: list[int], concurrency: int
     return cell
 
 
-def measure(folder: Path, concurrencies: list[int], max_tokens: int, say) -> list[dict]:
+def measure(folder: Path, concurrencies: list[int], max_tokens: int, say,
+            continuous: bool = True) -> list[dict]:
+    """Every way per concurrency; transformers' generate_batch too where `continuous`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -189,7 +192,7 @@ def measure(folder: Path, concurrencies: list[int], max_tokens: int, say) -> lis
         cells = [hf_batches(model, requests, wanted, c, 1, pad, "one at a time"),
                  hf_batches(model, requests, wanted, c, c, pad, "static batch"),
                  decode_loop(model, tokenizer, requests, wanted, c)]
-        if c > 1:
+        if c > 1 and continuous:
             cells.append(transformers_continuous(model, requests, wanted, c))
         for cell in cells:
             rows.append(cell.row())
@@ -237,11 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         "at a time and as a static batch, in this process, on a causal-LM folder.", "1,8,32")
     parser.add_argument("--max-tokens", type=int, default=64,
                         help="tokens generated per request (default 64)")
+    parser.add_argument("--no-generate-batch", action="store_true",
+                        help="leave out transformers' generate_batch (seconds per cell on a CPU)")
     args = parser.parse_args(argv)
     concurrencies = checked(parser, args)
     if args.max_tokens < 2:
         parser.error("--max-tokens must be >= 2")
-    rows = measure(args.model, concurrencies, args.max_tokens, print)
+    rows = measure(args.model, concurrencies, args.max_tokens, print,
+                   continuous=not args.no_generate_batch)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
