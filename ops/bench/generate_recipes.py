@@ -27,7 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-from ops.bench.generate_loop import checked, decode_loop, lengths, parser_for, prompts
+from ops.bench.generate_loop import (
+    checked,
+    decode_loop,
+    lengths,
+    parser_for,
+    prompts,
+    unbounded_loop,
+)
 from ops.load.tally import pct
 
 DAMAGED = "4-bit per-tensor (damaged)"
@@ -48,17 +55,14 @@ def damaged_4bit(model):
 def build(fp32, name: str):
     """A recipe's model from a copy of `fp32` (serve.recipes.causal_lm), or the damaged one."""
     from serve.recipes.causal_lm import build as build_recipe
-    if name == DAMAGED:
-        return damaged_4bit(copy.deepcopy(fp32))
-    return build_recipe(fp32, name)
+    model = copy.deepcopy(fp32)
+    return damaged_4bit(model) if name == DAMAGED else build_recipe(model, name)
 
 
 def greedy(model, tokenizer, requests: list[list[int]], tokens: int) -> list[list[int]]:
     """Each request's greedy continuation by the decode loop (EOS ends it)."""
-    from serve.generative.decode import DecodeLoop, Sampling, Sequence
-    from serve.generative.kv import KvBudget, KvCost
-    cost = KvCost.of(model.config, 4)
-    loop = DecodeLoop(model, tokenizer, KvBudget(1 << 34, cost), max_batch=16)
+    from serve.generative.decode import Sampling, Sequence
+    loop = unbounded_loop(model, tokenizer, 16)
     sequences = [loop.submit(Sequence(p, Sampling(max_tokens=tokens, temperature=0),
                                       lambda event: None)) for p in requests]
     while not all(s.finish for s in sequences):

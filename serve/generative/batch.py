@@ -9,6 +9,7 @@ position and grows every row by one.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -88,7 +89,7 @@ def prefill(model, prompts: list[list[int]]):
 def forward(model, cache: DynamicCache | None, **inputs):
     """The model's forward keeping a cache, under the keyword its transformers version takes
     (`cache` from 5.x, `past_key_values` before)."""
-    return model(**inputs, use_cache=True, **{_cache_keyword(model): cache})
+    return model(**inputs, use_cache=True, **{_cache_keyword(type(model)): cache})
 
 
 def cache_of(out) -> DynamicCache:
@@ -96,10 +97,12 @@ def cache_of(out) -> DynamicCache:
     return cache if cache is not None else out.past_key_values
 
 
-def _cache_keyword(model) -> str:
+@functools.cache  # read once per model class, not at every decode step
+def _cache_keyword(model_class: type) -> str:
     from transformers import LlamaForCausalLM
 
-    for forward in (model.forward, LlamaForCausalLM.forward):  # a wrapper: transformers' own
+    # a wrapper's forward (**kwargs) names neither: transformers' own model's does
+    for forward in (model_class.forward, LlamaForCausalLM.forward):
         parameters = inspect.signature(forward).parameters
         for name in ("cache", "past_key_values"):
             if name in parameters:

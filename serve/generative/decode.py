@@ -103,7 +103,7 @@ class DecodeLoop:
             raise PromptTooLong(f"the prompt has {len(sequence.prompt)} tokens; this model's "
                                 f"context holds {self.context} with at least one to generate")
         if sequence.sampling.max_tokens > room:
-            sequence.sampling = _with_max_tokens(sequence.sampling, room)
+            sequence.sampling = replace(sequence.sampling, max_tokens=room)
         needed = len(sequence.prompt) + sequence.sampling.max_tokens
         if self.budget.never_fits(needed):
             raise NeverFits(f"prompt plus max_tokens is {needed} tokens; this replica's KV "
@@ -150,17 +150,19 @@ class DecodeLoop:
 
     def fail_all(self, error: str) -> None:
         """Ends every running sequence with `error` and empties the batch; waiting ones stay."""
-        for sequence in self.running:
-            self._end(sequence, "error", error)
-        self.running, self.batch = [], PaddedBatch()
-        self.budget.holds(0)
+        self._end_running("error", error)
 
     def end_all(self, finish: str) -> None:
         """Ends every sequence, running or waiting, as `finish` (the loop is stopped)."""
+        self._end_running(finish)
         with self._wake:
             waiting, self.waiting = list(self.waiting), deque()
-        for sequence in [*self.running, *waiting]:
+        for sequence in waiting:
             self._end(sequence, finish)
+
+    def _end_running(self, finish: str, error: str | None = None) -> None:
+        for sequence in self.running:
+            self._end(sequence, finish, error)
         self.running, self.batch = [], PaddedBatch()
         self.budget.holds(0)
 
@@ -301,6 +303,3 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text \
         or "can't allocate memory" in text
 
-
-def _with_max_tokens(sampling: Sampling, max_tokens: int) -> Sampling:
-    return replace(sampling, max_tokens=max_tokens)

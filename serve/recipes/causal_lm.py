@@ -1,5 +1,6 @@
 """A causal LM under a recipe: the registry's torch recipes (serve.recipes), which transform any
-model of `nn.Linear` layers, applied to a copy of the fp32 model, as an encoder arm's are.
+model of `nn.Linear` layers, applied to the fp32 model as an encoder arm's are (in place where
+the recipe works in place: a caller that keeps the fp32 model passes a copy).
 
 Runtime recipes (ONNX Runtime, CTranslate2, OpenVINO) and the accuracy-aware plan build encoder
 artifacts and are refused. So is `auto` until a causal LM's gates exist (docs/generative.md):
@@ -7,8 +8,6 @@ the error names the recipes to pin instead.
 """
 
 from __future__ import annotations
-
-import copy
 
 from serve.recipes import AUTO, RECIPES, recipe
 
@@ -20,8 +19,8 @@ def causal_recipes(device: str = "cpu") -> list[str]:
 
 
 def build(fp32, name: str, device: str = "cpu"):
-    """The model `name` makes of a copy of `fp32` (ValueError for a recipe that does not
-    build a causal LM, naming those that do)."""
+    """The model `name` makes of `fp32` (ValueError for a recipe that does not build a causal
+    LM, naming those that do)."""
     if name == AUTO:
         raise ValueError("auto does not choose a causal LM's recipe yet: pin one with "
                          f"CANARY_OPTIMIZED_RECIPE ({', '.join(causal_recipes(device))})")
@@ -30,7 +29,7 @@ def build(fp32, name: str, device: str = "cpu"):
         raise ValueError(f"{name} builds an encoder artifact or plan, not a causal LM: one of "
                          f"{', '.join(causal_recipes(device))}")
     spec.check_device(device)
-    return spec.build(copy.deepcopy(fp32), device).eval()
+    return spec.build(fp32, device).eval()
 
 
 def kv_dtype_bytes(model) -> int:

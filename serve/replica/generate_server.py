@@ -15,7 +15,6 @@ Not yet behind the gateway (docs/generative.md).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -62,7 +61,7 @@ class GenerateServer:
         with quiet():  # transformers' model code loads here first (serve.common.quiet)
             fp32 = AutoModelForCausalLM.from_pretrained(
                 self.path, local_files_only=True, dtype=torch.float32).eval()
-            self.model = fp32 if self.recipe == "fp32" else build(fp32, self.recipe)
+            self.model = build(fp32, self.recipe)  # fp32 is not kept: no copy
         cost = KvCost.of(self.model.config, kv_dtype_bytes(self.model))
         budget = KvBudget(kv_budget_bytes(settings.kv_cache_mib), cost)
         self.loop = DecodeLoop(self.model, self.tokenizer, budget,
@@ -90,9 +89,8 @@ class GenerateServer:
         try:
             async for event in stream:
                 yield asdict(event)
-        except asyncio.CancelledError:  # the caller went away: free the sequence now
+        finally:  # cancelled, or closed between two events: the sequence is freed now
             await stream.aclose()
-            raise
 
     def check_health(self) -> None:
         if not self.runner.alive:

@@ -4,6 +4,7 @@ recipe scores far below a model damaged by construction, and the bench says why 
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -92,6 +93,6 @@ def test_auto_and_encoder_only_recipes_are_refused_naming_what_builds_a_causal_l
         build(model, "auto")
     with pytest.raises(ValueError, match="ct2-int8 builds an encoder artifact"):
         build(model, "ct2-int8")
-    assert kv_dtype_bytes(build(model, "bf16")) == 2
-    assert kv_dtype_bytes(build(model, "int8-dynamic")) == 4  # float activations, float KV
+    assert kv_dtype_bytes(build(copy.deepcopy(model), "bf16")) == 2
+    assert kv_dtype_bytes(build(copy.deepcopy(model), "int8-dynamic")) == 4  # float KV
     assert kv_dtype_bytes(model) == 4 and next(model.parameters()).dtype == torch.float32
