@@ -33,19 +33,26 @@ from serve.control_plane.controller import RampControllerDeployment
 from serve.gateway.colocated import ARMS, COLOCATED
 from serve.gateway.deployment import Gateway
 from serve.gateway.shadow import flip_capture
+from serve.recipes.causal_lm import serves_causal_lm
+from serve.replica.generate_server import GenerateServer
 from serve.replica.model_server import ModelServer
 
 
 def build(settings: Settings, live: dict[str, dict] | None = None) -> Application:
     """The gateway and the ramp controller, sized from the settings, with the arms' models
     as `topology` places them: one model deployment per arm (`remote`), or loaded in every
-    gateway replica (`colocated`, serve.gateway.colocated).
+    gateway replica (`colocated`, serve.gateway.colocated). A causal LM's arms generate
+    (serve.replica.generate_server), remote only.
 
     `live` adds per-arm live settings (see `ModelServer.reconfigure`), e.g.
     `{"optimized": {"fault_error": True}}` for a fault drill: each model deployment's
     `user_config`, or the gateway's (`{"arms": ...}`) when colocated.
     """
     live = live or {}
+    generative = serves_causal_lm(settings)  # a causal LM's arms generate (one-line errors)
+    if generative and (settings.topology == COLOCATED or live):
+        raise ValueError("a causal LM is served in the remote topology (CANARY_TOPOLOGY="
+                         "remote), without live arm settings: each arm is a model deployment")
     if unknown := set(live) - set(ARMS):
         raise ValueError(f"live settings for unknown arms {sorted(unknown)}: choose from "
                          f"{', '.join(ARMS)}")
@@ -66,7 +73,17 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
             max_ongoing_requests=settings.gateway_max_ongoing_requests,
             user_config={"arms": arms_config}, logging_config=logging,
         ).bind(None, None, settings, ramp_controller=controller)
-    model = ModelServer.options(
+    arms = model_arms(settings, arms_config, generative)
+    return Gateway.options(
+        ray_actor_options={"num_cpus": settings.gateway_num_cpus},
+        max_ongoing_requests=settings.gateway_max_ongoing_requests, logging_config=logging,
+    ).bind(arms["baseline"], arms["optimized"], settings, ramp_controller=controller)
+
+
+def model_arms(settings: Settings, arms_config: dict[str, dict], generative: bool) -> dict:
+    """Per arm, its model deployment bound with the settings: an encoder's (ModelServer, its
+    live settings in `user_config`) or a causal LM's (GenerateServer, a decode loop)."""
+    model = (GenerateServer if generative else ModelServer).options(
         ray_actor_options={
             "num_cpus": settings.model_num_cpus,
             "num_gpus": settings.model_num_gpus,
@@ -75,13 +92,9 @@ def build(settings: Settings, live: dict[str, dict] | None = None) -> Applicatio
         max_queued_requests=settings.model_max_queued_requests,
     )
     # a version of its own (Serve's `version` is internal API): see `model_version`
-    arms = {arm: model.options(name=arm, user_config=arms_config[arm],
-                               version=model_version(settings, arm), _internal=True)
+    return {arm: model.options(name=arm, version=model_version(settings, arm), _internal=True,
+                               **({} if generative else {"user_config": arms_config[arm]}))
             .bind(settings, arm) for arm in ARMS}
-    return Gateway.options(
-        ray_actor_options={"num_cpus": settings.gateway_num_cpus},
-        max_ongoing_requests=settings.gateway_max_ongoing_requests, logging_config=logging,
-    ).bind(arms["baseline"], arms["optimized"], settings, ramp_controller=controller)
 
 
 def gateway_logging(telemetry: TelemetrySettings) -> dict:

@@ -47,9 +47,16 @@ def _own_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_lm(tmp_path_factory) -> Path:
     """The project's small causal LM (ops.generate.small_lm), trained once per test run (the
-    run's own cache holds it)."""
-    from ops.generate.small_lm import build
+    run's own cache holds it); `CANARY_TEST_SMALL_LM`, a folder that command built, skips the
+    training in repeated local runs."""
+    from ops.generate.small_lm import MARKER, build
 
+    given = os.environ.get("CANARY_TEST_SMALL_LM")
+    if given:
+        if not (Path(given) / MARKER).is_file():
+            raise pytest.UsageError(f"CANARY_TEST_SMALL_LM={given}: not a folder that "
+                                    "`python -m ops.generate.small_lm DIR` built")
+        return Path(given)
     folder = tmp_path_factory.mktemp("small-lm") / "model"
     build(folder)
     return folder

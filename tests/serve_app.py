@@ -170,16 +170,16 @@ def start_gateway(tmp: Path, **overrides) -> GatewayApp:
     return GatewayApp(settings, redis, url, ThreadClients(url, timeout=30.0))
 
 
-def start_colocated(shared: GatewayApp, name: str = "colocated") -> GatewayApp:
-    """The same app in the colocated topology (both models in the gateway's replica), as a
-    second Serve application beside `shared` in its Ray instance, on its Redis under an app
-    name of its own, served under the route prefix `/<name>`."""
+def start_beside(shared: GatewayApp, name: str, **update) -> GatewayApp:
+    """The app with `update` to its settings, as a second Serve application beside `shared`
+    in its Ray instance, on its Redis under an app name of its own, served under the route
+    prefix `/<name>`."""
     from ray import serve
 
     from serve.config import build
 
     settings = shared.settings.model_copy(update={
-        "topology": "colocated", "app_name": f"{APP}-{name}", "grpc_port": 0})
+        "app_name": f"{APP}-{name}", "grpc_port": 0, **update})
     prefix = f"/{name}"
     serve.run(build(settings), name=name, route_prefix=prefix)
     url = shared.url + prefix
@@ -187,7 +187,12 @@ def start_colocated(shared: GatewayApp, name: str = "colocated") -> GatewayApp:
                       name=name, route_prefix=prefix)
 
 
-def stop_colocated(app: GatewayApp) -> None:
+def start_colocated(shared: GatewayApp, name: str = "colocated") -> GatewayApp:
+    """The same app in the colocated topology (both models in the gateway's replica)."""
+    return start_beside(shared, name, topology="colocated")
+
+
+def stop_beside(app: GatewayApp) -> None:
     from ray import serve
 
     app.clients.close()

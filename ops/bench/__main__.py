@@ -7,6 +7,7 @@ gateway end to end per arm and concurrency, side by side in one run.
     python -m ops.bench --plain --inputs-per-request 1,8  # against plain Ray Serve, 2 sizes
     python -m ops.bench --protocol native,openai,oip --inputs-per-request 8  # the front doors
     python -m ops.bench --peer litserve,infinity --plain --workload short --inputs-per-request 1,8
+    python -m ops.bench --task generate --model-path DIR   # a causal LM's decode loop
 
 Without `--url` it starts the application itself on a local Ray Serve (the settings of the
 environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis unless
@@ -56,6 +57,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import platform
 import sys
@@ -67,6 +69,8 @@ from ops.bench.peers.infinity_peer import venv as infinity_venv
 from ops.cli.types import key_value, positive_ints
 from ops.load.processes import rss_mib
 from serve import ray_env
+
+DEFAULT_CONCURRENCY = [1, 8, 32, 64]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch threads of the in-process part (default: "
                    "those of one model replica, CANARY_TORCH_THREADS or cores / 2, so both "
                    "sides run the same forward)")
-    p.add_argument("--concurrency", type=positive_ints, default=[1, 8, 32, 64],
+    p.add_argument("--concurrency", type=positive_ints, default=DEFAULT_CONCURRENCY,
                    help="gateway concurrency levels (default 1,8,32,64)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level")
@@ -120,8 +124,14 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                    "workload (default: the shipped set)")
     p.add_argument("--inputs", type=int, default=128,
                    help="texts in the workload, evenly spaced over the set (default 128)")
-    p.add_argument("--task", choices=("classify", "embed"),
-                   help="default classify, embed with --peer (the peers embed only)")
+    p.add_argument("--task", choices=("classify", "embed", "generate"),
+                   help="default classify, embed with --peer (the peers embed only); generate: "
+                   "a causal LM (--model-path), in process: the decode loop beside "
+                   "transformers' generate() one request at a time, as a static batch and "
+                   "its generate_batch (ops.bench.generate_loop), at --concurrency (default "
+                   "1,8,32)")
+    p.add_argument("--max-tokens", type=int, default=64,
+                   help="--task generate: tokens generated per request (default 64)")
 
 
 def _beside_options(p: argparse.ArgumentParser) -> None:
@@ -160,6 +170,35 @@ def _checked(args, p: argparse.ArgumentParser) -> None:
                 or args.no_gateway:
             p.error(f"--protocol: a comma list of {', '.join(front_doors.PROTOCOLS)}, "
                     "without --no-gateway")
+
+
+def _generate(args, p: argparse.ArgumentParser) -> int:
+    """`--task generate`: ops.bench.generate_loop on --model-path, its table and ratios in
+    --out (generate.json, generate.md) and on stdout."""
+    from ops.bench import generate_loop
+    from serve.recipes.source import is_causal_lm
+
+    if args.url or args.peer or args.plain or args.protocol or args.render:
+        p.error("--task generate measures in process: drop --url, --peer, --plain, "
+                "--protocol and --render")
+    folder = Path(args.model_path or os.environ.get("CANARY_MODEL_PATH") or "")
+    if not is_causal_lm(folder):
+        p.error(f"--task generate: --model-path {folder} holds no causal LM "
+                "(e.g. `python -m ops.generate.small_lm DIR`)")
+    if args.max_tokens < 2:
+        p.error("--max-tokens must be >= 2")
+    concurrency = [1, 8, 32] if args.concurrency == DEFAULT_CONCURRENCY else args.concurrency
+    say = (lambda line: None) if args.quiet else (
+        lambda line: print(f"bench: {line}", file=sys.stderr, flush=True))
+    rows = generate_loop.measure(folder, concurrency, args.max_tokens, say)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "generate.json").write_text(json.dumps(
+        {"model": str(folder), "cpu": platform.processor(), "rows": rows}, indent=2) + "\n")
+    table = generate_loop.table(rows)
+    (out / "generate.md").write_text(table)
+    print(table)
+    return 0
 
 
 def _checked_peers(args, p: argparse.ArgumentParser) -> None:
@@ -321,6 +360,8 @@ def _rss_mib() -> float:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.task == "generate":
+        return _generate(args, p)
     _checked(args, p)
 
     def say(line: str) -> None:

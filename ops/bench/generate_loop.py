@@ -208,6 +208,32 @@ def measure(folder: Path, concurrencies: list[int], max_tokens: int, say,
     return rows
 
 
+def table(rows: list[dict]) -> str:
+    """The rows as markdown, then per concurrency the decode loop's tokens/s over one at a time
+    and over the static batch, and its p99 inter-token latency over the static batch's."""
+    def value(row, key):
+        return "-" if row[key] is None else f"{row[key]:,}"
+    lines = ["| c | way | output tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['concurrency']} | {r['way']} | {value(r, 'tokens_per_s')} | "
+              f"{value(r, 'ttft_p50_ms')} / {value(r, 'ttft_p99_ms')} | "
+              f"{value(r, 'itl_p50_ms')} / {value(r, 'itl_p99_ms')} |" for r in rows]
+    lines.append("")
+    for c in sorted({r["concurrency"] for r in rows}):
+        way = {r["way"]: r for r in rows if r["concurrency"] == c}
+        loop, single, static = (way.get(w) for w in ("decode loop", "one at a time",
+                                                     "static batch"))
+        if not (loop and single and static) or not all(
+                r["tokens_per_s"] for r in (loop, single, static)):
+            continue
+        itl = (f"{loop['itl_p99_ms'] / static['itl_p99_ms']:.2f}x"
+               if loop["itl_p99_ms"] and static["itl_p99_ms"] else "-")
+        lines.append(f"- c={c}: decode loop {loop['tokens_per_s'] / single['tokens_per_s']:.2f}x "
+                     f"one at a time, {loop['tokens_per_s'] / static['tokens_per_s']:.2f}x the "
+                     f"static batch (tokens/s); p99 inter-token latency {itl} the static batch's")
+    return "\n".join(lines) + "\n"
+
+
 def _line(row: dict) -> str:
     def value(key):
         return "-" if row[key] is None else f"{row[key]:,}"

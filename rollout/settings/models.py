@@ -63,8 +63,9 @@ class ModelSettings(BaseSettings):
         "This text is about {}.", description="how a label is described to the encoder "
         "(`{}` exactly once)"
     )
-    default_task: Literal["classify", "embed"] = Field(
-        "classify", description="task when a request names none"
+    default_task: Literal["classify", "embed", "generate"] = Field(
+        "classify", description="task when a request names none (a causal LM's requests "
+        "all generate, whatever this says)"
     )
     served_model_name: str | None = Field(
         None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",

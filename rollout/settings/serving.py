@@ -70,6 +70,12 @@ class ServingSettings(BaseSettings):
         10.0, gt=0, le=600, description="deadline of a request's model calls, fallback "
         "included (504 after); a client may ask for a shorter one in `X-Request-Timeout-Ms`"
     )
+    stream_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="deadline of a generative request, whole or "
+        "streamed, from its arrival to its last token ([generative arms](generative.md)); "
+        "it takes the place of `request_timeout_s` there, which would cut long answers; a "
+        "client may ask for a shorter one in `X-Request-Timeout-Ms`"
+    )
     listen_host: str = Field(
         "127.0.0.1", min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:\-]+$",
         description="address the gateway listens on: the HTTP door (HAProxy's, and each "

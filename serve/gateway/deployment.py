@@ -76,6 +76,7 @@ from serve.gateway.exchange import (
     server_timing,
     timeout_of,
 )
+from serve.gateway.generation import TASK, Generation, settings_for
 from serve.gateway.idempotent import Idempotency, check_redis_memory
 from serve.gateway.ingress import ARRIVED, SLOT
 from serve.gateway.override import override_allowed
@@ -148,11 +149,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         (serve.gateway.colocated)."""
         self.settings = settings
         self.ramp_controller = ramp_controller  # bound here so the application includes it
-        handles = await self._open_arms(baseline, optimized, settings)
-        infos = await asyncio.gather(*(handles[arm].info.remote() for arm in Arm))
-        check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
-        self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
-        self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
+        handles, infos, settings = await self._open_arms(baseline, optimized, settings)
         self.doors = Doors.build(settings, settings, infos[0], self.tasks)  # protocols/
         self.serving = infos[1]["version"]
         self.preprocess = Preprocessor(settings, settings, infos)  # tokenizes here if models agree
@@ -183,6 +180,10 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
             if self.notifier else None,
         )
         self.watcher.start()
+        self.generation = await Generation.open(  # a causal LM's doors (serve.gateway.generation)
+            handles, settings, settings, settings, self.idempotency, self._route,
+            self.telemetry.meter) \
+            if TASK in self.tasks else None
         self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.gateway.protocols)
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
         observe_store_errors(self.telemetry.meter, lambda: {
@@ -190,10 +191,13 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         prediction_routes.serve(self)  # predictions now skip FastAPI's router
 
     async def _open_arms(self, baseline: DeploymentHandle | None,
-                         optimized: DeploymentHandle | None, settings: Settings) -> dict:
+                         optimized: DeploymentHandle | None,
+                         settings: Settings) -> tuple[dict, list[dict], Settings]:
         """Per arm, its deployment's handle (the remote topology), or the model loaded in
         this replica (`local`: the colocated topology, serve.gateway.colocated) when none is
-        bound."""
+        bound; what each says of itself (`info()`), from which the tasks both serve; and the
+        replica's settings: arms that generate (a causal LM) give the gateway those of
+        generative requests (serve.gateway.generation `settings_for`)."""
         self.local = None
         if baseline is None or optimized is None:
             ray_env.warn_missing(log.warning)
@@ -201,7 +205,13 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
             baseline, optimized = self.local["baseline"], self.local["optimized"]
         else:
             baseline, optimized = ray_env.serving_path(log.warning, baseline, optimized)
-        return {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+        handles = {Arm.BASELINE: baseline, Arm.OPTIMIZED: optimized}
+        infos = await asyncio.gather(*(handles[arm].info.remote() for arm in Arm))
+        check_labels(infos[0]["labels"], infos[1]["labels"])  # else agreement means nothing
+        self.models = {Arm.BASELINE: infos[0], Arm.OPTIMIZED: infos[1]}
+        self.tasks = set(infos[0]["tasks"]) & set(infos[1]["tasks"])
+        self.settings = settings_for(settings, self.tasks)
+        return handles, infos, self.settings
 
     def _open_telemetry(self, state: StateSettings, settings: TelemetrySettings) -> None:
         """Traces, metrics and logs (serve.telemetry), and this replica's own metrics port,
@@ -258,9 +268,10 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         )
 
     def __del__(self):
-        lag = getattr(self, "_lag_task", None)
-        if lag is not None:
-            lag.cancel()
+        for task in (getattr(self, "_lag_task", None),
+                     getattr(getattr(self, "generation", None), "polling", None)):
+            if task is not None:
+                task.cancel()
         shadow = getattr(self, "shadow", None)
         if shadow is not None:
             shadow.close()
@@ -336,6 +347,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         call the arm (with fallback) -> respond -> offer a shadow comparison. A GatewayError
         becomes the client's error response; the claim settles itself when its block ends,
         however it ends."""
+        if self.generation is not None:  # every request of a causal LM generates
+            return await self.generation.serve(request, body, ex)
         try:
             overridden = override_allowed(self.settings.operator_token, request.headers)
             parsed, task = self._parse(body, request, ex)

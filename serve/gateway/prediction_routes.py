@@ -34,7 +34,8 @@ ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
 # exact paths -> the door's attribute in the gateway's `doors` (protocols.endpoints.Doors)
 DOORS = {"/v1/predict": "native", "/v1/embeddings": "openai", "/embed": "tei_embed",
-         "/predict": "tei_predict"}
+         "/predict": "tei_predict", "/v1/completions": "completions",
+         "/v1/chat/completions": "chat"}
 OIP_PREFIX, OIP_SUFFIX = "/v2/models/", "/infer"
 
 

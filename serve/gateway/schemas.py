@@ -26,7 +26,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
 MAX_ROUTING_KEY = 1024
 
 
-Task = Literal["classify", "embed"]
+Task = Literal["classify", "embed", "generate"]
 # an input as documented: not empty nor blank (parse_predict checks it, with its own message)
 Text = Annotated[StrictStr, WithJsonSchema({"type": "string", "minLength": 1, "pattern": r"\S"})]
 

@@ -29,39 +29,11 @@ import torch
 from serve.generative.batch import PaddedBatch, prefill
 from serve.generative.kv import KvBudget, Row
 from serve.generative.text import TextStream
+from serve.generative.wire import Event, NeverFits, PromptTooLong, Sampling
+
+__all__ = ["DecodeLoop", "Event", "NeverFits", "PromptTooLong", "Sampling", "Sequence"]
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class Sampling:
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False  # benchmarks: every sequence runs to `max_tokens`
-
-
-@dataclass(frozen=True)
-class Event:
-    """A piece of a sequence's answer (`finish` None), or its end: `finish` is "stop" (an EOS
-    token or a stop string), "length" (`max_tokens` or the model's context), "cancelled",
-    "timeout" (its deadline) or "error" (`error` says what)."""
-    text: str = ""
-    token: int | None = None
-    finish: str | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class PromptTooLong(ValueError):
-    """The prompt (plus room for one token) does not fit the model's context."""
-
-
-class NeverFits(ValueError):
-    """Prompt plus `max_tokens` exceed the KV budget on their own: waiting cannot help."""
-
 
 @dataclass(eq=False)
 class Sequence:

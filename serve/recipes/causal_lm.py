@@ -9,7 +9,9 @@ the error names the recipes to pin instead.
 
 from __future__ import annotations
 
-from serve.recipes import AUTO, RECIPES, recipe
+from rollout.settings import ModelSettings
+from serve.recipes import AUTO, RECIPES, recipe, recipe_for
+from serve.recipes.source import is_causal_lm, model_dir
 
 
 def causal_recipes(device: str = "cpu") -> list[str]:
@@ -18,9 +20,9 @@ def causal_recipes(device: str = "cpu") -> list[str]:
             if not (spec.runtime or spec.needs_plan) and device in spec.devices]
 
 
-def build(fp32, name: str, device: str = "cpu"):
-    """The model `name` makes of `fp32` (ValueError for a recipe that does not build a causal
-    LM, naming those that do)."""
+def check(name: str, device: str = "cpu"):
+    """The recipe `name` as it builds a causal LM on `device`: ValueError in one line for one
+    that does not (`auto` included), naming those that do."""
     if name == AUTO:
         raise ValueError("auto does not choose a causal LM's recipe yet: pin one with "
                          f"CANARY_OPTIMIZED_RECIPE ({', '.join(causal_recipes(device))})")
@@ -29,7 +31,25 @@ def build(fp32, name: str, device: str = "cpu"):
         raise ValueError(f"{name} builds an encoder artifact or plan, not a causal LM: one of "
                          f"{', '.join(causal_recipes(device))}")
     spec.check_device(device)
-    return spec.build(fp32, device).eval()
+    return spec
+
+
+def build(fp32, name: str, device: str = "cpu"):
+    """The model `name` makes of `fp32` (ValueError for a recipe that does not build a causal
+    LM, naming those that do)."""
+    return check(name, device).build(fp32, device).eval()
+
+
+def serves_causal_lm(settings: ModelSettings) -> bool:
+    """Whether the arms generate: the baseline folder holds a causal LM. Then the optimized
+    folder must hold one too and both arms' recipes must build one (ValueError in one line,
+    before anything is deployed)."""
+    if not is_causal_lm(model_dir(settings, "baseline", generative=None)):
+        return False
+    model_dir(settings, "optimized", generative=True)
+    for arm in ("baseline", "optimized"):
+        check(recipe_for(arm, settings, "cpu"))
+    return True
 
 
 def kv_dtype_bytes(model) -> int:

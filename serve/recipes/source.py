@@ -41,10 +41,11 @@ class LabelsDiffer(ModelSourceError):
 
 
 def model_dir(settings: ModelSettings, arm: str = "baseline", *,
-              generative: bool = False) -> Path:
+              generative: bool | None = False) -> Path:
     """The model folder of `arm`: its own `<arm>_model_path`, else `model_path`, else the
     packaged model. A folder without config.json is an error naming the setting to fix, and so
-    is a causal LM where an encoder is loaded (or the other way round: `generative`)."""
+    is a causal LM where an encoder is loaded (or the other way round: `generative`; None:
+    either)."""
     own = getattr(settings, f"{arm}_model_path")
     setting = f"{arm}_model_path" if own else "model_path"
     if own or settings.model_path:
@@ -56,7 +57,7 @@ def model_dir(settings: ModelSettings, arm: str = "baseline", *,
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"CANARY_{setting.upper()}: model folder {path} has no config.json")
-    if generative != is_causal_lm(path):
+    if generative is not None and generative != is_causal_lm(path):
         raise ValueError(f"CANARY_{setting.upper()}: {path} holds no causal language model "
                          "(an architecture named *ForCausalLM in its config.json)"
                          if generative else _causal_refused(path, f"CANARY_{setting.upper()}"))
@@ -75,8 +76,9 @@ def is_causal_lm(path: Path) -> bool:
 def _causal_refused(path: Path, setting: str) -> str:
     """Why a causal LM is not loaded as an encoder: it would answer `embed` and `classify` with
     the pooled states of a model never trained for them."""
-    return (f"{setting}: {path} holds a causal language model; the gateway serves encoders "
-            "(embed, classify) and does not serve generative models yet (docs/generative.md)")
+    return (f"{setting}: {path} holds a causal language model where the baseline is an "
+            "encoder: both arms hold the same kind of model; a causal LM is served when the "
+            "baseline folder holds one (docs/generative.md)")
 
 
 def has_head(config) -> bool:

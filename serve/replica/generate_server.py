@@ -10,7 +10,8 @@ or whose prompt plus `max_tokens` can never fit is refused before its first toke
 (`PromptTooLong`, `NeverFits`). A consumer that stops reading (the client left) cancels its
 sequence: it leaves the batch and frees its cache at the next step.
 
-Not yet behind the gateway (docs/generative.md).
+`serve.config` binds one per arm when the baseline folder holds a causal LM; the gateway's
+generative doors call it (serve.gateway.generation).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from serve.generative.kv import KvBudget, KvCost
 from serve.generative.streaming import Runner
 from serve.recipes import recipe_for
 from serve.recipes.causal_lm import build, kv_dtype_bytes
-from serve.recipes.source import model_dir
+from serve.recipes.source import model_dir, variant_version, weights_digest
 
 MIB = 1 << 20
 
@@ -67,12 +68,15 @@ class GenerateServer:
         self.loop = DecodeLoop(self.model, self.tokenizer, budget,
                                max_batch=settings.max_batch_size)
         self.runner = Runner(self.loop)
+        self.version = variant_version(weights_digest(self.path), self.recipe)
 
     def info(self) -> dict:
         budget = self.loop.budget
         return {
             "arm": self.arm, "pid": os.getpid(), "recipe": self.recipe, "tasks": ["generate"],
+            "version": self.version, "labels": [], "auto": None, "tokenizer": None,
             "model": self.path.name, "context": self.loop.context,
+            "max_batch_size": self.loop.max_batch,
             "kv_budget_bytes": budget.capacity_bytes, "kv_token_bytes": budget.cost.per_token,
             "kv_in_use_bytes": budget.in_use_bytes, "kv_peak_bytes": budget.peak_bytes,
             "sequences_running": self.loop.sequences_running,

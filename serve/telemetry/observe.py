@@ -266,6 +266,16 @@ class Observation:
     def call(self, arm: str) -> _Call:
         return _Call(self, arm)
 
+    @_never_raises
+    def stages(self, stages: list[tuple[str, int, int]], **attributes) -> None:
+        """Spans of steps the caller timed (name, start and end in time_ns) under the
+        request's span, when it is sampled."""
+        if not self.sampled:
+            return
+        for name, start_ns, end_ns in stages:
+            self.tracer.start_span(name, context=self.context, start_time=start_ns,
+                                   attributes=attributes).end(end_time=end_ns)
+
     def _record_after(self, reason: str, finished: dict, error: str | None,
                       end_ns: int) -> None:
         """An unsampled request's spans, recorded once it is answered (`reason`: why), with

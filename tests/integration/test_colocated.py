@@ -42,11 +42,11 @@ from tests.integration.test_shadow import shadow_stats, total, wait_for
 
 @pytest.fixture(scope="module")
 def colocated_app(gateway):
-    from tests.serve_app import start_colocated, stop_colocated
+    from tests.serve_app import start_colocated, stop_beside
 
     app = start_colocated(gateway)
     yield app
-    stop_colocated(app)
+    stop_beside(app)
 
 
 @pytest.fixture

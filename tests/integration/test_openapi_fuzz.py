@@ -19,7 +19,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 PUBLIC = ["/v1/predict", "/v1/rollout", "/healthz", "/readyz"]
 NAME = "tiny-encoder"  # the served model (tests.serve_app's model folder)
-DOORS = ["/v1/embeddings", "/v2/models/{name}/infer", "/embed", "/predict"]  # the doors
+DOORS = ["/v1/embeddings", "/v2/models/{name}/infer", "/embed", "/predict", "/v1/completions",
+         "/v1/chat/completions"]  # the doors (the last two refuse: this model does not generate)
 DOOR_READS = ["/v1/models", "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}",
               "/v2/models/{name}/ready", "/info"]
 REQUEST_TIMEOUT_S = 10  # one request's deadline; the whole module stays well under a minute

@@ -170,6 +170,10 @@ def test_autos_key_is_the_same_from_the_groups_as_from_the_whole_settings(tmp_pa
 # loads Settings where it starts (its composition root) and hands groups to rollout/ and serve/.
 WHOLE_SETTINGS_PACKAGES = {"ops/": "operator commands: each loads Settings where it starts"}
 WHOLE_SETTINGS = {
+    "serve/config.py:model_arms": "binds each arm's model deployment (a composition root) with "
+    "the whole settings, for build()",
+    "serve/gateway/generation.py:settings_for": "the gateway's whole settings as a generative "
+    "model's requests read them (their own deadline): Gateway._open_arms' composition",
     "serve/config.py:build": "the application's composition root (`serve run serve.config:app`)",
     "serve/config.py:model_version": "hashes what a model replica is built with: the whole "
     "settings its composition root (ModelServer.__init__) is bound with",

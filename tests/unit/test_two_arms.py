@@ -87,7 +87,7 @@ def test_a_causal_lm_folder_is_refused_naming_the_setting(arm, v1, tmp_path):
         "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     settings = Settings(model_path=str(v1), **{f"{arm}_model_path": str(tmp_path)})
     with pytest.raises(ValueError, match=f"CANARY_{arm.upper()}_MODEL_PATH: .* holds a causal "
-                                         "language model; the gateway serves encoders"):
+                                         "language model where the baseline is an encoder"):
         model_dir(settings, arm)
     assert model_dir(settings, "optimized" if arm == "baseline" else "baseline") == v1
     assert model_dir(settings, arm, generative=True) == tmp_path

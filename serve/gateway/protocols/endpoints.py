@@ -29,6 +29,12 @@ from serve.gateway.protocols.openai_api import (
     OpenAIDoor,
     OpenAIErrorBody,
 )
+from serve.gateway.protocols.openai_generate import (
+    ChatCompletionRequest,
+    ChatDoor,
+    CompletionRequest,
+    CompletionsDoor,
+)
 from serve.gateway.protocols.tei import (
     EmbedRequest,
     Prediction,
@@ -42,7 +48,8 @@ from serve.gateway.schemas import PREDICT_OPENAPI, request_id_from
 from serve.recipes.source import model_dir
 
 router = APIRouter()
-REQUEST_MODELS = (EmbeddingsRequest, InferRequest, EmbedRequest, TeiPredictRequest)
+REQUEST_MODELS = (EmbeddingsRequest, InferRequest, EmbedRequest, TeiPredictRequest,
+                  CompletionRequest, ChatCompletionRequest)
 _STATUSES = (400, 403, 404, 408, 409, 413, 422, 500, 503, 504)
 _HEADERS = {"parameters": PREDICT_OPENAPI["parameters"]}  # X-Routing-Key and the others
 
@@ -57,18 +64,21 @@ class Doors:
     tei_embed: TeiEmbedDoor
     tei_predict: TeiPredictDoor
     oip_grpc: OipGrpcDoor
+    completions: CompletionsDoor
+    chat: ChatDoor
 
     @classmethod
     def build(cls, models: ModelSettings, limits: AdmissionSettings, info: dict,
               tasks: set[str]) -> Doors:
         """The doors for the baseline replica's `info()` and the tasks both arms serve."""
         try:
-            folder = model_dir(models)
+            folder = model_dir(models, generative=None)
         except FileNotFoundError:  # not on this node: the name from the setting, no width
             folder = Path(models.baseline_model_path or models.model_path or "model")
         served: Served = served_model(models, folder, info, tasks)
         return cls(*(door(served, limits) for door in (
-            FrontDoor, OpenAIDoor, OipDoor, TeiEmbedDoor, TeiPredictDoor, OipGrpcDoor)))
+            FrontDoor, OpenAIDoor, OipDoor, TeiEmbedDoor, TeiPredictDoor, OipGrpcDoor,
+            CompletionsDoor, ChatDoor)))
 
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:
@@ -78,13 +88,17 @@ def _body(model: type[BaseModel]) -> dict[str, Any]:
                                         "content": {"application/json": {"schema": ref}}}}
 
 
-def _answers(ok: Any, error: type[BaseModel], *, raw: bool = False) -> dict:
-    """OpenAPI `responses`: the 200 body and the protocol's error body for each status."""
+def _answers(ok: Any, error: type[BaseModel], *, raw: bool = False,
+             stream: bool = False) -> dict:
+    """OpenAPI `responses`: the 200 body and the protocol's error body for each status;
+    `raw`: binary tensors may answer too; `stream`: server-sent events may."""
     answers: dict[int | str, dict] = {
         status: {"model": error, "description": "the protocol's error"} for status in _STATUSES}
     answers[200] = {"model": ok, "description": "the answer"}
     if raw:
         answers[200]["content"] = {"application/octet-stream": {}}
+    if stream:
+        answers[200]["content"] = {"text/event-stream": {}}
     return answers
 
 
@@ -124,6 +138,16 @@ class ProtocolRoutes:
                  responses=_answers(EmbeddingsResponse, OpenAIErrorBody))
     async def openai_embeddings(self, request: Request) -> Response:
         return await self.serve_door(request, self.doors.openai)
+
+    @router.post("/v1/completions", openapi_extra=_body(CompletionRequest),
+                 responses=_answers(dict, OpenAIErrorBody, stream=True))
+    async def openai_completions(self, request: Request) -> Response:
+        return await self.serve_door(request, self.doors.completions)
+
+    @router.post("/v1/chat/completions", openapi_extra=_body(ChatCompletionRequest),
+                 responses=_answers(dict, OpenAIErrorBody, stream=True))
+    async def openai_chat_completions(self, request: Request) -> Response:
+        return await self.serve_door(request, self.doors.chat)
 
     @router.get("/v2")
     async def oip_server(self) -> dict:

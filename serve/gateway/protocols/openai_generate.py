@@ -9,13 +9,16 @@ generative arm takes and the answers it gives, whole or streamed as server-sent 
 
 One prompt (one choice) per request. `temperature` 0 is greedy; `seed` makes a draw repeatable;
 `stop` is up to four strings the answer ends before; `user` is the routing key when no
-`X-Routing-Key` is sent. Fields this gateway cannot honour are refused (400 naming the field),
-never ignored: `n` > 1, `best_of` > 1, `echo`, `logprobs`, `suffix`, `logit_bias`, non-zero
-`presence_penalty` / `frequency_penalty`, tools. A streamed answer is `data: {chunk}` events
-ending in `data: [DONE]`; a stream that fails after its first token ends with `data: {"error":
-...}` (the SDK raises it) and no `[DONE]`.
+`X-Routing-Key` is sent; `ignore_eos` (vLLM's extension, `extra_body` in the SDK) answers to
+`max_tokens` past any end-of-sequence token. Fields this gateway cannot honour are refused (400
+naming the field), never ignored: `n` > 1, `best_of` > 1, `echo`, `logprobs`, `suffix`,
+`logit_bias`, non-zero `presence_penalty` / `frequency_penalty`, tools. A streamed answer is
+`data: {chunk}` events ending in `data: [DONE]`; a stream that fails after its first token ends
+with `data: {"error": ...}` (the SDK raises it) and no `[DONE]`.
 
-Not yet behind a route: docs/generative.md.
+`CompletionsDoor` and `ChatDoor` are the two doors; the gateway's generative path
+(serve.gateway.generation) serves them. A gateway whose model does not generate refuses them
+(400 naming `model`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import orjson
+from fastapi import Request
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -35,8 +39,9 @@ from pydantic import (
     ValidationError,
 )
 
-from serve.gateway.protocols.door import BadRequest, first_error
-from serve.generative.decode import Event, Sampling
+from serve.gateway.protocols.door import BadRequest, Parsed, first_error
+from serve.gateway.protocols.openai_api import OpenAIDoor
+from serve.generative.wire import Event, Sampling
 
 DONE = b"data: [DONE]\n\n"
 MAX_STOPS = 4
@@ -66,6 +71,7 @@ class _Sampled(BaseModel):
     logit_bias: dict | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    ignore_eos: StrictBool = False  # vLLM's extension: answer to `max_tokens` past any EOS
 
 
 class CompletionRequest(_Sampled):
@@ -112,7 +118,8 @@ def parse(body: bytes, chat: bool, default_max_tokens: int = 16) -> GenerateCall
     max_tokens = (getattr(request, "max_completion_tokens", None) or request.max_tokens
                   or default_max_tokens)
     sampling = Sampling(max_tokens=max_tokens, temperature=request.temperature,
-                        top_p=request.top_p, seed=request.seed, stop=tuple(stops))
+                        top_p=request.top_p, seed=request.seed, stop=tuple(stops),
+                        ignore_eos=request.ignore_eos)
     return GenerateCall(
         chat=chat, model=request.model, prompt=None if chat else _prompt(request.prompt),
         messages=request.messages if chat else None, sampling=sampling, stream=request.stream,
@@ -210,3 +217,26 @@ def usage(last: Event) -> dict:
 
 def _sse(document: dict) -> bytes:
     return b"data: " + orjson.dumps(document) + b"\n\n"
+
+
+class CompletionsDoor(OpenAIDoor):
+    """`POST /v1/completions`: errors in OpenAI's shape (OpenAIDoor's)."""
+
+    name, chat = "completions", False
+
+    def call(self, body: bytes, default_max_tokens: int = 16) -> GenerateCall:
+        """The request for the served model (404 naming another), or BadRequest."""
+        call = parse(body, self.chat, default_max_tokens)
+        self.served.check(call.model)
+        return call
+
+    def parse(self, body: bytes, request: Request) -> Parsed:
+        """The encoders' request path asks this: the model does not generate."""
+        raise BadRequest(f"the model {self.served.name!r} does not generate (an encoder: "
+                         f"POST /v1/embeddings)", param="model")
+
+
+class ChatDoor(CompletionsDoor):
+    """`POST /v1/chat/completions`."""
+
+    name, chat = "chat", True
