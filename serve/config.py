@@ -129,6 +129,10 @@ def _code_digest() -> str:
 
 def app(args: dict[str, str]) -> Application:
     settings = Settings(**args)
+    try:  # what a causal LM cannot be served with, in one line before anything starts
+        serves_causal_lm(settings)
+    except ValueError as exc:
+        raise SystemExit(f"start: {exc}") from None
     if (runtime_env := local_start.starts_local_ray()) is not None:
         local_start.start(settings, runtime_env)  # serve run's own Ray, on listen_host
     elif not ray.is_initialized():  # else the cluster's environment is set already

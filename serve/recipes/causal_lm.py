@@ -43,8 +43,12 @@ def build(fp32, name: str, device: str = "cpu"):
 def serves_causal_lm(settings: ModelSettings) -> bool:
     """Whether the arms generate: the baseline folder holds a causal LM. Then the optimized
     folder must hold one too and both arms' recipes must build one (ValueError in one line,
-    before anything is deployed)."""
-    if not is_causal_lm(model_dir(settings, "baseline", generative=None)):
+    before anything is deployed). A baseline folder this node does not have (a cluster whose
+    models live on the workers) reads as an encoder's; its replicas then say what it is."""
+    try:
+        if not is_causal_lm(model_dir(settings, "baseline", generative=None)):
+            return False
+    except FileNotFoundError:
         return False
     model_dir(settings, "optimized", generative=True)
     for arm in ("baseline", "optimized"):

@@ -168,3 +168,13 @@ def test_bench_task_generate_refuses_what_it_cannot_measure(tmp_path, capsys):
         with pytest.raises(SystemExit) as exited:
             bench_main(["--task", "generate", *argv])
         assert exited.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_serve_run_refuses_auto_for_a_causal_lm_in_one_line_before_ray_starts(causal):
+    import ray
+
+    from serve.config import app
+
+    with pytest.raises(SystemExit, match="^start: auto does not choose a causal LM's recipe"):
+        app({"model_path": str(causal)})
+    assert not ray.is_initialized()
