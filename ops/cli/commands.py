@@ -24,7 +24,14 @@ from ops.cli.format import (
     webhook_lines,
     when,
 )
-from ops.cli.telemetry import arm_rows, efficiency_line, shadow_lines, trace_rows, waterfall
+from ops.cli.telemetry import (
+    arm_rows,
+    efficiency_line,
+    generation_rows,
+    shadow_lines,
+    trace_rows,
+    waterfall,
+)
 from rollout import (
     Clock,
     Rollout,
@@ -93,6 +100,10 @@ def _status(ctx: _Context) -> int:
         ctx.say(f"traffic over the last {ctx.args.window}s:")
         for line in arm_rows(traffic):
             ctx.say(line)
+        if generation := generation_rows(traffic):
+            ctx.say("generation (answers of a causal LM):")
+            for line in generation:
+                ctx.say(line)
         ctx.say(efficiency_line(status.efficiency))
     if shadow is not None:
         ctx.say("")

@@ -49,6 +49,20 @@ def arm_rows(stats: Mapping[str, ArmStats]) -> list[str]:
     return table(ARM_HEADERS, rows)
 
 
+GENERATION_HEADERS = ("ARM", "ANSWERS", "TOKENS/S", "FIRST TOKEN P50 MS", "P99 MS",
+                      "BETWEEN TOKENS MS")
+
+
+def generation_rows(stats: Mapping[str, ArmStats]) -> list[str]:
+    """A generative arm's answers over the window (none when no arm generated): output tokens
+    per second, time to the first token (from the request's arrival), the mean between two
+    tokens."""
+    rows = [(s.arm, str(g["answers"]), _num(g["tokens_per_s"]), _num(g["first_token_p50_ms"]),
+             _num(g["first_token_p99_ms"]), _num(g["inter_token_ms"], 2))
+            for s in stats.values() if (g := s.generation)]
+    return table(GENERATION_HEADERS, rows) if rows else []
+
+
 def _cpu_per_1k(stats: ArmStats) -> str:
     """Measured forward seconds per 1,000 inputs (`gpu` after it on a CUDA replica)."""
     per_1k, device = stats.cpu_per_1k, stats.cpu.device

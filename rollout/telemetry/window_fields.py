@@ -15,7 +15,8 @@ Attribution, per arm:
 - a *model call* counts under the arm that was called (`calls`, `call:<outcome>`), and an
   answered call adds its stage times, batch size, queue length and compute time to that arm,
   and, when its replica measured them, its share of the forward's CPU seconds (`cpu_*`,
-  rollout.efficiency: realized cost per input).
+  rollout.efficiency: realized cost per input); a generative answer adds its tokens, its
+  time to first token (`ttft:<i>`, bucketed as latency) and its decode time (`gen_*`).
   A request whose optimized call failed and was retried on baseline therefore adds one failed
   call to optimized and one answered call to baseline.
 
@@ -73,6 +74,17 @@ class Attempt:
     cpu_s: float | None = None  # its share (by rows) of the forward's CPU (or GPU) seconds
     rows: int = 0  # its inputs (the rows the share is by)
     gpu: bool = False  # cpu_s is GPU seconds (a CUDA replica)
+    generated: Generated | None = None  # a generative answer's tokens and times
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What a generative model call produced: its time to the first token (from the
+    request's arrival), the time from there to its last, and the tokens it generated."""
+
+    first_token_ms: float
+    decode_ms: float
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,22 @@ def record_fields(record: RequestRecord) -> dict[str, dict[str, float]]:
             add(attempt.arm, "compute_s", attempt.compute_s)
             add(attempt.arm, "cost", attempt.cost)
             _add_cpu(attempt, add)
+            _add_generated(attempt, add)
     return arms
+
+
+def _add_generated(attempt: Attempt, add: Callable[[str, str, float], None]) -> None:
+    """A generative answer's counters: answers, time to first token (a histogram like
+    latency's, `ttft:<i>`), tokens, and the decode time and gaps the mean between tokens is
+    read from."""
+    generated = attempt.generated
+    if generated is None:
+        return
+    add(attempt.arm, "gen_answers")
+    add(attempt.arm, f"ttft:{latency_bucket(generated.first_token_ms)}")
+    add(attempt.arm, "gen_tokens", generated.tokens)
+    add(attempt.arm, "gen_decode_ms", generated.decode_ms)
+    add(attempt.arm, "gen_gaps", max(generated.tokens - 1, 0))
 
 
 def _add_cpu(attempt: Attempt, add: Callable[[str, str, float], None]) -> None:

@@ -42,6 +42,9 @@ class ArmStats:
     cost_per_1k: float | None  # cost of 1,000 answered calls (CANARY_DEVICE_HOUR_PRICE)
     statuses: dict[str, int]
     cpu: CpuSums = CpuSums()  # measured forward seconds (rollout.efficiency)
+    # a generative arm's answers: answers, tokens, tokens_per_s, first_token_p50_ms,
+    # first_token_p99_ms, inter_token_ms (the mean between two tokens); None without any
+    generation: dict | None = None
 
     @property
     def cpu_per_1k(self) -> float | None:
@@ -101,7 +104,23 @@ def aggregate(arm: str, hashes: Iterable[Mapping[str, str | float]], seconds: fl
         cost_per_1k=None if per_call_cost is None else per_call_cost * 1000,
         statuses={k[7:]: int(v) for k, v in sorted(totals.items()) if k.startswith("status:")},
         cpu=CpuSums.from_totals(totals),
+        generation=_generation(totals, seconds),
     )
+
+
+def _generation(totals: Mapping[str, float], seconds: float) -> dict | None:
+    """What the generative answers in `totals` say (rollout.telemetry.window_fields `gen_*`,
+    `ttft:<i>`), None when there are none."""
+    answers = totals.get("gen_answers", 0)
+    if not answers:
+        return None
+    first = {int(k[5:]): v for k, v in totals.items() if k.startswith("ttft:")}
+    tokens = totals.get("gen_tokens", 0)
+    return {"answers": int(answers), "tokens": int(tokens),
+            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "first_token_p50_ms": percentile(first, 0.50),
+            "first_token_p99_ms": percentile(first, 0.99),
+            "inter_token_ms": _ratio(totals.get("gen_decode_ms", 0), totals.get("gen_gaps", 0))}
 
 
 class HashSource(Protocol):

@@ -182,7 +182,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         self.watcher.start()
         self.generation = await Generation.open(  # a causal LM's doors (serve.gateway.generation)
             handles, settings, settings, settings, self.idempotency, self._route,
-            self.telemetry.meter) \
+            self.telemetry.meter, {arm: info["version"] for arm, info in self.models.items()}) \
             if TASK in self.tasks else None
         self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.gateway.protocols)
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
@@ -381,6 +381,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         ex.obs.parsed(parsed.inputs, task)
         if task not in self.tasks:
             raise InvalidInput(f"task {task!r} is not supported by this model")
+        if ex.door.name == "native" and parsed.options is not None:
+            raise InvalidInput(f"parameters: only for the task generate, not {task!r}")
         return parsed, task
 
     def _route(self, request: Request, overridden: bool, ex: Exchange, body_key: str | None):

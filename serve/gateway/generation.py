@@ -46,6 +46,7 @@ from serve.common.answer import BatchShape, ModelAnswer, StageTiming
 from serve.common.errors import (
     GatewayError,
     InputTooLarge,
+    InvalidInput,
     ModelFailed,
     ModelTimeout,
     Overloaded,
@@ -62,13 +63,15 @@ from serve.gateway.protocols.openai_generate import (
     GenerateCall,
     stream_error,
 )
+from serve.gateway.schemas import GenerateParameters
 from serve.generative.prompts import BadPrompt, chat_ids, completion_ids
-from serve.generative.wire import Event, NeverFits, PromptTooLong
+from serve.generative.wire import Event, NeverFits, PromptTooLong, Sampling
 from serve.recipes.source import model_dir
 from serve.telemetry.token_metrics import TokenMetrics
 
 log = logging.getLogger("canary.gateway")
 TASK = "generate"
+NATIVE = "native"  # the door of `POST /v1/predict` (serve.gateway.protocols.door)
 GRACE_S = 5.0  # past the deadline the replica ends a sequence itself; this bounds a lost one
 ENDS = ("stop", "length")  # an answer's normal ends (serve.generative.wire.Event.finish)
 
@@ -107,6 +110,14 @@ class Tally:
             self.last = event
 
 
+def native_sampling(parameters: GenerateParameters | None) -> Sampling:
+    """`POST /v1/predict`'s `parameters` as the decode loop's sampling (greedy, 16 tokens when
+    none are sent)."""
+    parameters = parameters or GenerateParameters()
+    return Sampling(max_tokens=parameters.max_tokens, temperature=parameters.temperature,
+                    top_p=parameters.top_p, seed=parameters.seed, stop=tuple(parameters.stop))
+
+
 def settings_for(settings: Settings, tasks: set[str]) -> Settings:
     """The gateway's settings for arms serving `tasks`: where they generate, a request's
     deadline is `stream_timeout_s` (`request_timeout_s` would cut long answers) and prompts are
@@ -122,8 +133,9 @@ class Generation:
     gateway's own (`Gateway._route`): the arm of a request, from the cached rollout state."""
 
     def __init__(self, handles: dict[Arm, Any], tokenizer, serving: ServingSettings,
-                 state: StateSettings, idempotency: Idempotency, route: Callable, meter):
-        self.handles, self.tokenizer = handles, tokenizer
+                 state: StateSettings, idempotency: Idempotency, route: Callable, meter,
+                 versions: dict[Arm, str] | None = None):
+        self.handles, self.tokenizer, self.versions = handles, tokenizer, versions or {}
         self.canary_share = serving.canary_timeout_fraction
         self.operator_token = state.operator_token
         self.idempotency, self.route = idempotency, route
@@ -134,14 +146,16 @@ class Generation:
     @classmethod
     async def open(cls, handles: dict[Arm, Any], models: ModelSettings,
                    serving: ServingSettings, state: StateSettings, idempotency: Idempotency,
-                   route: Callable, meter) -> Generation:
-        """The path with the baseline folder's tokenizer, its gauges kept fresh."""
+                   route: Callable, meter, versions: dict[Arm, str]) -> Generation:
+        """The path with the baseline folder's tokenizer, its gauges kept fresh; `versions`:
+        each arm's model version."""
         from transformers import AutoTokenizer
 
         folder = model_dir(models, "baseline", generative=True)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, folder,
                                             local_files_only=True)
-        generation = cls(handles, tokenizer, serving, state, idempotency, route, meter)
+        generation = cls(handles, tokenizer, serving, state, idempotency, route, meter,
+                         versions)
         generation.polling = asyncio.get_running_loop().create_task(generation.poll())
         return generation
 
@@ -160,10 +174,12 @@ class Generation:
         """One admitted request of a generative door (`ex.door`), answered whole or streamed;
         a GatewayError before the first byte is the client's error in OpenAI's shape."""
         try:
+            if ex.door.name == NATIVE:
+                return await self._native(request, body, ex)
             if not isinstance(ex.door, CompletionsDoor):
-                raise BadRequest(f"this model generates: POST /v1/completions or "
-                                 f"/v1/chat/completions, not {ex.door.name} requests",
-                                 status=422)
+                raise BadRequest(f"this model generates: POST /v1/completions, "
+                                 f"/v1/chat/completions or /v1/predict, not {ex.door.name} "
+                                 "requests", status=422)
             overridden = override_allowed(self.operator_token, request.headers)
             tokenizing = time.time_ns()
             call, prompt = self._parse(body, ex)
@@ -174,8 +190,12 @@ class Generation:
                                  "the key without `stream`", param="stream")
             decision = self.route(request, overridden, ex, call.routing_key)
             if not call.stream:
-                return await self._whole(key, body, prompt, call, decision, ex, tokenized)
-            opened = await self._open(decision.arm, prompt, call, ex)
+                def render(text: str, last: Event, _: Opened) -> dict:
+                    return orjson.loads(Answer(call, ex.rid).body(text, last))
+
+                return await self._whole(key, body, (prompt, call.sampling, tokenized), render,
+                                         decision, ex)
+            opened = await self._open(decision.arm, prompt, call.sampling, ex)
             opened.tokenized = tokenized
         except GatewayError as exc:
             return ex.failed(exc)
@@ -203,10 +223,42 @@ class Generation:
         ex.obs.parsed([text], TASK)
         return call, prompt
 
-    async def _whole(self, key: str | None, body: bytes, prompt: list[int],
-                     call: GenerateCall, decision, ex: Exchange,
-                     tokenized: tuple[int, int]) -> Response:
-        """The answer as one body, under its Idempotency-Key when it has one."""
+    async def _native(self, request: Request, body: bytes, ex: Exchange) -> Response:
+        """`POST /v1/predict` with the task generate (or none): one prompt, its `parameters`
+        (the completions' sampling fields; greedy and 16 tokens by default), the native
+        answer with one output (text, finish_reason, token counts)."""
+        overridden = override_allowed(self.operator_token, request.headers)
+        tokenizing = time.time_ns()
+        parsed = ex.door.parse(body, request)
+        if parsed.task not in (None, TASK):
+            raise InvalidInput(f"task {parsed.task!r}: this model generates (task {TASK!r})")
+        if len(parsed.inputs) != 1:
+            raise InvalidInput(f"inputs: one prompt per {TASK} request, not "
+                               f"{len(parsed.inputs)}")
+        prompt = completion_ids(self.tokenizer, parsed.inputs[0])
+        ex.obs.parsed(parsed.inputs, TASK)
+        sampling = native_sampling(parsed.options)
+        tokenized = (tokenizing, time.time_ns())
+        decision = self.route(request, overridden, ex, None)
+
+        def render(text: str, last: Event, opened: Opened) -> dict:
+            return {"request_id": ex.rid, "arm": opened.arm.value,
+                    "model_version": self.versions.get(opened.arm, ""), "task": TASK,
+                    "outputs": [{"text": text, "finish_reason": last.finish,
+                                 "prompt_tokens": last.prompt_tokens,
+                                 "completion_tokens": last.completion_tokens}],
+                    "fallback": opened.fallback, "routing": decision.label}
+
+        return await self._whole(request.headers.get("idempotency-key"), body,
+                                 (prompt, sampling, tokenized), render, decision, ex)
+
+    async def _whole(self, key: str | None, body: bytes,
+                     asked: tuple[list[int], Sampling, tuple[int, int]], render: Callable,
+                     decision, ex: Exchange) -> Response:
+        """The answer as one body (`render(text, last event, opened)`), under its
+        Idempotency-Key when it has one. `asked`: the prompt, its sampling, when it was
+        tokenized."""
+        prompt, sampling, tokenized = asked
         async with self.idempotency.claim(key, TASK, [body.decode("utf-8", "replace")]) \
                 as claim:
             if claim.replay is not None:
@@ -215,15 +267,14 @@ class Generation:
                               replayed=True)
                 return JSONBody(stored["body"], status_code=stored["status"],
                                 headers={**stored["headers"], **REPLAYED})
-            opened = await self._open(decision.arm, prompt, call, ex)
+            opened = await self._open(decision.arm, prompt, sampling, ex)
             opened.tokenized = tokenized
             tally = await self._drain(opened, ex)
             if tally.last["finish"] not in ENDS:
                 raise self._ended(opened.arm, tally.last)
             self._finish(opened, tally, len(prompt), ex, 200)
             headers = self._headers(opened, decision.label, ex)
-            document = orjson.loads(Answer(call, ex.rid).body("".join(tally.text),
-                                                              Event(**tally.last)))
+            document = render("".join(tally.text), Event(**tally.last), opened)
             claim.complete({"status": 200, "body": document,
                             "headers": {k: v for k, v in headers.items()
                                         if k != "Server-Timing"}})
@@ -279,23 +330,23 @@ class Generation:
             opened.cancel()
             self._finish(opened, tally, prompt_tokens, ex, status)
 
-    async def _open(self, arm: Arm, prompt: list[int], call: GenerateCall,
+    async def _open(self, arm: Arm, prompt: list[int], sampling: Sampling,
                     ex: Exchange) -> Opened:
         """The answer begun on `arm`, or on baseline when the canary fails or is late before
         its first event (and the deadline leaves time)."""
         try:
-            return await self._first(arm, prompt, call, ex)
+            return await self._first(arm, prompt, sampling, ex)
         except GatewayError as exc:
             left = ex.deadline - time.perf_counter()
             if arm is not Arm.OPTIMIZED or left <= 0 or exc.status == 400:
                 raise
             log.warning("optimized arm failed before its first token (%s): baseline answers",
                         exc.message)
-            opened = await self._first(Arm.BASELINE, prompt, call, ex)
+            opened = await self._first(Arm.BASELINE, prompt, sampling, ex)
             opened.fallback = True
             return opened
 
-    async def _first(self, arm: Arm, prompt: list[int], call: GenerateCall,
+    async def _first(self, arm: Arm, prompt: list[int], sampling: Sampling,
                      ex: Exchange) -> Opened:
         """`arm`'s first event for the prompt: the canary waits for it at most its share of
         the deadline; baseline until the replica ends the sequence at the deadline itself
@@ -305,7 +356,7 @@ class Generation:
         wait = min(left, ex.timeout_s * self.canary_share) \
             if arm is Arm.OPTIMIZED else left + GRACE_S
         events = self.handles[arm].options(stream=True).generate.remote(
-            prompt, dataclasses.asdict(call.sampling), left)
+            prompt, dataclasses.asdict(sampling), left)
         opened = Opened(arm, {}, events, False, 0.0, called_ns=time.time_ns())
         try:
             async with asyncio.timeout(max(wait, 0.001)):
@@ -384,6 +435,7 @@ class Generation:
             else:
                 raise ModelFailed(f"status {status}")
         if status == 200:
+            ex.obs.generated(timing.queue, timing.model, completion)
             self.shadow_skipped += 1
             ex.obs.finish(200, arm=opened.arm.value, fallback=opened.fallback)
         else:

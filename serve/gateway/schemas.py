@@ -31,13 +31,31 @@ Task = Literal["classify", "embed", "generate"]
 Text = Annotated[StrictStr, WithJsonSchema({"type": "string", "minLength": 1, "pattern": r"\S"})]
 
 
+class GenerateParameters(BaseModel):
+    """How the task `generate` samples (a causal LM's, [generative arms](generative.md)); the
+    completions' fields of the same names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(16, ge=1, description="tokens to generate at most")
+    temperature: float = Field(0.0, ge=0, le=2, description="0 (the default): greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(None, description="the same draw for the same seed")
+    stop: list[Annotated[StrictStr, Field(min_length=1)]] = Field(
+        default_factory=list, max_length=4, description="strings the answer ends before")
+
+
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     inputs: list[Text] = Field(
         min_length=1, description="the texts, none empty or blank; at most `max_items` of at "
-        "most `max_item_chars` characters, `max_total_chars` in all (else 413)")
-    task: Task | None = Field(None, description="default: the gateway's `default_task`")
+        "most `max_item_chars` characters, `max_total_chars` in all (else 413); one prompt "
+        "for the task generate")
+    task: Task | None = Field(None, description="default: the gateway's `default_task`; a "
+                              "causal LM's is generate, whatever that says")
+    parameters: GenerateParameters | None = Field(
+        None, description="the task generate's sampling (422 with another task)")
 
 
 class Classification(BaseModel):
@@ -49,6 +67,15 @@ class Embedding(BaseModel):
     embedding: list[float]
 
 
+class Generated(BaseModel):
+    text: str = Field(description="the answer, without the prompt")
+    finish_reason: Literal["stop", "length"] = Field(
+        description="stop: an end-of-sequence token or a stop string; length: max_tokens or "
+        "the model's context")
+    prompt_tokens: int
+    completion_tokens: int
+
+
 class PredictResponse(BaseModel):
     """The 200 body of `POST /v1/predict` (built by serve.gateway.deployment's `_respond`)."""
 
@@ -56,7 +83,8 @@ class PredictResponse(BaseModel):
     arm: Literal["baseline", "optimized"] = Field(description="the arm that answered")
     model_version: str
     task: Task
-    outputs: list[Classification | Embedding] = Field(description="one per input, in order")
+    outputs: list[Classification | Embedding | Generated] = Field(
+        description="one per input, in order")
     fallback: bool = Field(description="the optimized arm failed; baseline answered instead")
     routing: str = Field(description="why this arm: share, canary, route:<id>, override, ...")
 
@@ -138,8 +166,9 @@ def document_request_models(app: Any) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schemas = build().setdefault("components", {}).setdefault("schemas", {})
-            schemas["PredictRequest"] = PredictRequest.model_json_schema(
-                ref_template="#/components/schemas/{model}")
+            schema = PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))  # GenerateParameters, beside it
+            schemas["PredictRequest"] = schema
         return app.openapi_schema
 
     app.openapi = openapi

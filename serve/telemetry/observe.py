@@ -21,6 +21,7 @@ fallback or a slow answer, `finish()` records its spans then, with those times
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -34,6 +35,7 @@ from rollout.clock import Clock, SystemClock
 from rollout.policy import RoutingDecision
 from rollout.telemetry.redis_store import WindowItem
 from rollout.telemetry.traces import keep_reason
+from rollout.telemetry.window_fields import Generated
 from rollout.telemetry.windows import Attempt, RequestRecord
 from rollout.watcher import StateView
 from serve.common.answer import ModelAnswer
@@ -265,6 +267,14 @@ class Observation:
 
     def call(self, arm: str) -> _Call:
         return _Call(self, arm)
+
+    @_never_raises
+    def generated(self, first_token_ms: float, decode_ms: float, tokens: int) -> None:
+        """A generative answer's times and tokens, on its last model call (the windows'
+        `gen_*` counters: rollout.telemetry.window_fields)."""
+        if self.attempts:
+            self.attempts[-1] = dataclasses.replace(
+                self.attempts[-1], generated=Generated(first_token_ms, decode_ms, tokens))
 
     @_never_raises
     def stages(self, stages: list[tuple[str, int, int]], **attributes) -> None:

@@ -69,6 +69,14 @@ def wait_until_idle(timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def window_generation(app, arm: str) -> dict | None:
+    store = app.telemetry()
+    try:
+        return app.windows(store).arm(arm, 60).generation
+    finally:
+        store.close()
+
+
 def test_the_sdk_completes_whole_and_streamed_on_the_baseline(lm, model):
     client, name = sdk(lm), served_name(lm)
     whole = client.completions.with_raw_response.create(
@@ -95,6 +103,12 @@ def test_the_sdk_completes_whole_and_streamed_on_the_baseline(lm, model):
     decode = next(span for span in spans if span["name"] == "decode")
     assert decode["attrs"]["canary.completion_tokens"] == \
         completion.usage.completion_tokens
+    deadline = time.monotonic() + 10  # the windows `rollout status` reads (sinks flush often)
+    while not (generation := window_generation(lm, "baseline")) or generation["answers"] < 2:
+        assert time.monotonic() < deadline, generation
+        time.sleep(0.1)
+    assert generation["tokens"] >= 2 * completion.usage.completion_tokens
+    assert generation["first_token_p50_ms"] > 0
     chat = client.chat.completions.create(
         model=name, messages=[{"role": "user", "content": "Local news today"}],
         max_completion_tokens=8, temperature=0)
@@ -218,3 +232,28 @@ def test_a_burst_of_long_answers_against_the_kv_budget(lm):
     assert {arm: arm_info(arm)["pid"] for arm in pids} == pids
     metrics = lm.client.get("/metrics").text
     assert "canary_generate_first_token" in metrics and "canary_generate_refused" in metrics
+
+
+def test_predict_generates_one_prompt_with_its_parameters(lm, model):
+    fp32, tokenizer = model
+    response = lm.client.post("/v1/predict", json={
+        "inputs": [PROMPT], "parameters": {"max_tokens": 6}})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["task"] == "generate" and body["arm"] == "baseline"
+    assert body["model_version"].startswith("fp32-")
+    (output,) = body["outputs"]
+    prompt = tokenizer(PROMPT)["input_ids"]
+    assert output["prompt_tokens"] == len(prompt) and output["completion_tokens"] <= 6
+    assert_greedy(fp32, prompt, tokenizer(output["text"], add_special_tokens=False)
+                  ["input_ids"][:3])
+    two = lm.client.post("/v1/predict", json={"inputs": ["a", "b"], "task": "generate"})
+    assert two.status_code == 422 and "one prompt" in two.json()["error"]["message"]
+    embed = lm.client.post("/v1/predict", json={"inputs": ["a"], "task": "embed"})
+    assert embed.status_code == 422 and "generates" in embed.json()["error"]["message"]
+
+
+def test_an_encoder_gateway_refuses_generate_parameters(gw):
+    response = gw.client.post("/v1/predict", json={"inputs": ["a"], "parameters": {}})
+    assert response.status_code == 422
+    assert "only for the task generate" in response.json()["error"]["message"]

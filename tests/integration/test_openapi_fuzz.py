@@ -47,9 +47,19 @@ def test_the_running_app_serves_the_declared_predict_contract(gw):
     assert {"200", "413", "422", "503"} <= set(operation["responses"])
 
 
+def _encoder_only(case):
+    """A valid predict body for this gateway's encoder: without what only a causal LM takes
+    (the task generate, its `parameters`), which this gateway refuses (422, also checked)."""
+    if isinstance(case.body, dict):
+        case.body.pop("parameters", None)
+        if case.body.get("task") == "generate":
+            case.body.pop("task")
+    return case
+
+
 def test_fuzzed_predict_requests_get_declared_answers(gw, contract):
     operation = contract["/v1/predict"]["POST"]
-    cases = (operation.as_strategy(GenerationMode.POSITIVE)
+    cases = (operation.as_strategy(GenerationMode.POSITIVE).map(_encoder_only)
              | operation.as_strategy(GenerationMode.NEGATIVE))
     seen: set[int] = set()
     before = gw.rollout().state()

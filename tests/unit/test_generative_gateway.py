@@ -178,3 +178,26 @@ def test_serve_run_refuses_auto_for_a_causal_lm_in_one_line_before_ray_starts(ca
     with pytest.raises(SystemExit, match="^start: auto does not choose a causal LM's recipe"):
         app({"model_path": str(causal)})
     assert not ray.is_initialized()
+
+
+def test_generative_answers_reach_the_windows_and_rollout_status():
+    from ops.cli.telemetry import generation_rows
+    from rollout.telemetry.window_fields import Attempt, Generated, RequestRecord, record_fields
+    from rollout.telemetry.window_stats import aggregate
+
+    def record(arm: str, generated: Generated | None) -> dict:
+        return record_fields(RequestRecord(arm, 200, 500.0, 1, 10, (
+            Attempt(arm, "ok", generated=generated),)))[arm]
+
+    answers = [record("optimized", Generated(20.0, 400.0, 81)) for _ in range(10)]
+    stats = aggregate("optimized", answers, 10.0)
+    generation = stats.generation
+    assert generation["answers"] == 10 and generation["tokens"] == 810
+    assert generation["tokens_per_s"] == 81.0 and generation["inter_token_ms"] == 5.0
+    assert abs(generation["first_token_p50_ms"] - 20.0) < 1.0
+    encoder = aggregate("baseline", [record("baseline", None)], 10.0)
+    assert encoder.generation is None and "generation" in encoder.as_dict()
+    header, row = generation_rows({"baseline": encoder, "optimized": stats})
+    assert header.split()[:2] == ["ARM", "ANSWERS"]
+    assert row.split()[:3] == ["optimized", "10", "81.0"]
+    assert generation_rows({"baseline": encoder}) == []

@@ -128,7 +128,7 @@ class FrontDoor:
 
     def parse(self, body: bytes, request: Request) -> Parsed:
         request_model = parse_predict(body, self.limits)
-        return Parsed(request_model.inputs, request_model.task)
+        return Parsed(request_model.inputs, request_model.task, options=request_model.parameters)
 
     def answer(self, body: dict, tokens: int, parsed: Parsed) -> Response:
         """The 200 response for the gateway's native answer `body` to `parsed`; `tokens`:
