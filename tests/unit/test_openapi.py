@@ -30,7 +30,11 @@ def test_predict_declares_its_request_body_and_registers_the_model(document):
     assert operation["requestBody"]["required"] is True
     assert _ref(operation["requestBody"]) == "#/components/schemas/PredictRequest"
     registered = document["components"]["schemas"]["PredictRequest"]
-    assert registered == json.loads(json.dumps(PredictRequest.model_json_schema()))
+    expected = PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    nested = expected.pop("$defs")  # registered beside it, where its references point
+    assert registered == json.loads(json.dumps(expected))
+    for name, schema in nested.items():
+        assert document["components"]["schemas"][name] == json.loads(json.dumps(schema))
     assert registered["required"] == ["inputs"] and registered["additionalProperties"] is False
     headers = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
     assert headers == {"X-Request-ID", "X-Routing-Key", "Idempotency-Key", "X-Canary-Arm-Override"}
