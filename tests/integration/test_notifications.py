@@ -224,8 +224,9 @@ def test_end_to_end_on_the_real_app_audited_changes_and_a_store_outage(gw, recei
         finally:
             gw.redis.resume()
         wait_until(lambda: any(e["kind"] == "store-recovered" for e in receiver.events()), 30)
+        # the unkill may wait for Redis like the tailer, and arrive after the gateway's events
+        wait_until(lambda: any(e["kind"] == "unkill" for e in receiver.events()), 30)
         kinds = [e["kind"] for e in signed(receiver)]
-        # the unkill may wait for Redis like the tailer; the gateway's events do not
         assert kinds.index("kill") < kinds.index("unkill")
         assert kinds.index("store-stale") < kinds.index("store-recovered")
         stale = next(e for e in receiver.events() if e["kind"] == "store-stale")

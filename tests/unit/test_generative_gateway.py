@@ -170,14 +170,17 @@ def test_bench_task_generate_refuses_what_it_cannot_measure(tmp_path, capsys):
         assert exited.value.code == 2 and why in capsys.readouterr().err
 
 
-def test_serve_run_refuses_auto_for_a_causal_lm_in_one_line_before_ray_starts(causal):
-    import ray
+def test_serve_run_refuses_auto_for_a_causal_lm_in_one_line_before_ray_starts(causal,
+                                                                             monkeypatch):
+    from serve import config
 
-    from serve.config import app
+    def started(*_):
+        raise AssertionError("Ray was started before the refusal")
 
+    monkeypatch.setattr(config.local_start, "starts_local_ray", started)
+    monkeypatch.setattr(config.ray_env, "apply", started)
     with pytest.raises(SystemExit, match="^start: auto does not choose a causal LM's recipe"):
-        app({"model_path": str(causal)})
-    assert not ray.is_initialized()
+        config.app({"model_path": str(causal)})
 
 
 def test_generative_answers_reach_the_windows_and_rollout_status():
