@@ -381,7 +381,7 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         ex.obs.parsed(parsed.inputs, task)
         if task not in self.tasks:
             raise InvalidInput(f"task {task!r} is not supported by this model")
-        if ex.door.name == "native" and parsed.options is not None:
+        if ex.door.name == FrontDoor.name and parsed.options is not None:
             raise InvalidInput(f"parameters: only for the task generate, not {task!r}")
         return parsed, task
 

@@ -56,7 +56,7 @@ from serve.common.json_body import JSONBody
 from serve.gateway.exchange import Exchange, abandoned, server_timing
 from serve.gateway.idempotent import REPLAYED, Idempotency
 from serve.gateway.override import override_allowed
-from serve.gateway.protocols.door import BadRequest
+from serve.gateway.protocols.door import BadRequest, FrontDoor
 from serve.gateway.protocols.openai_generate import (
     Answer,
     CompletionsDoor,
@@ -71,7 +71,6 @@ from serve.telemetry.token_metrics import TokenMetrics
 
 log = logging.getLogger("canary.gateway")
 TASK = "generate"
-NATIVE = "native"  # the door of `POST /v1/predict` (serve.gateway.protocols.door)
 GRACE_S = 5.0  # past the deadline the replica ends a sequence itself; this bounds a lost one
 ENDS = ("stop", "length")  # an answer's normal ends (serve.generative.wire.Event.finish)
 
@@ -88,6 +87,7 @@ class Opened:
     called_ns: int = 0  # time_ns when the arm that answers was called, and when it first did
     first_ns: int = 0
     tokenized: tuple[int, int] = (0, 0)  # time_ns of the prompt's tokenizing
+    call: Any = None  # the observation's model call (its span, from the call to the end)
 
     def cancel(self) -> None:
         with contextlib.suppress(Exception):
@@ -174,7 +174,7 @@ class Generation:
         """One admitted request of a generative door (`ex.door`), answered whole or streamed;
         a GatewayError before the first byte is the client's error in OpenAI's shape."""
         try:
-            if ex.door.name == NATIVE:
+            if ex.door.name == FrontDoor.name:  # POST /v1/predict
                 return await self._native(request, body, ex)
             if not isinstance(ex.door, CompletionsDoor):
                 raise BadRequest(f"this model generates: POST /v1/completions, "
@@ -269,9 +269,13 @@ class Generation:
                                 headers={**stored["headers"], **REPLAYED})
             opened = await self._open(decision.arm, prompt, sampling, ex)
             opened.tokenized = tokenized
-            tally = await self._drain(opened, ex)
-            if tally.last["finish"] not in ENDS:
-                raise self._ended(opened.arm, tally.last)
+            try:
+                tally = await self._drain(opened, ex)
+                if tally.last["finish"] not in ENDS:
+                    raise self._ended(opened.arm, tally.last)
+            except BaseException as exc:
+                opened.call.__exit__(type(exc), exc, None)  # a failed attempt, as in _first
+                raise
             self._finish(opened, tally, len(prompt), ex, 200)
             headers = self._headers(opened, decision.label, ex)
             document = render("".join(tally.text), Event(**tally.last), opened)
@@ -357,24 +361,32 @@ class Generation:
             if arm is Arm.OPTIMIZED else left + GRACE_S
         events = self.handles[arm].options(stream=True).generate.remote(
             prompt, dataclasses.asdict(sampling), left)
-        opened = Opened(arm, {}, events, False, 0.0, called_ns=time.time_ns())
+        opened = Opened(arm, {}, events, False, 0.0, called_ns=time.time_ns(),
+                        call=ex.obs.call(arm.value).__enter__())
+        try:
+            opened.first = await self._first_event(opened, wait)
+        except BaseException as exc:
+            opened.cancel()
+            opened.call.__exit__(type(exc), exc, None)  # a failed attempt on `arm`
+            raise
+        opened.first_at, opened.first_ns = time.perf_counter(), time.time_ns()
+        return opened
+
+    async def _first_event(self, opened: Opened, wait: float) -> dict:
+        """The answer's first event within `wait` seconds, or the GatewayError it means."""
+        arm = opened.arm
         try:
             async with asyncio.timeout(max(wait, 0.001)):
-                opened.first = await anext(events)
+                first = await anext(opened.events)
         except TimeoutError:
-            opened.cancel()
             self.metrics.refused(arm.value, "timeout")
             raise ModelTimeout(f"the {arm.value} model did not start answering within "
                                f"{wait:.2f} s") from None
-        except BaseException as exc:
-            opened.cancel()
-            if isinstance(exc, Exception):
-                raise self._failure(arm, exc) from None
-            raise
-        opened.first_at, opened.first_ns = time.perf_counter(), time.time_ns()
-        if opened.first["finish"] not in (None, *ENDS):
-            raise self._ended(arm, opened.first)
-        return opened
+        except Exception as exc:
+            raise self._failure(arm, exc) from None
+        if first["finish"] not in (None, *ENDS):
+            raise self._ended(arm, first)
+        return first
 
     def _failure(self, arm: Arm, exc: Exception) -> GatewayError:
         """What a failed call to `arm`'s replica means for the client."""
@@ -428,12 +440,13 @@ class Generation:
                        ("decode", opened.first_ns, time.time_ns())],  # detokenizing included
                       **{"canary.arm": opened.arm.value,
                          "canary.completion_tokens": completion})
-        with contextlib.suppress(Exception), ex.obs.call(opened.arm.value) as called:
-            if status == 200:
-                called.answered(ModelAnswer(opened.arm.value, "", [], prompt_tokens,
-                                            BatchShape(1, 1), 0, timing))
-            else:
-                raise ModelFailed(f"status {status}")
+        if status == 200:
+            opened.call.answered(ModelAnswer(opened.arm.value, self.versions.get(opened.arm, ""),
+                                             [], prompt_tokens, BatchShape(1, 1), 0, timing))
+            opened.call.__exit__(None, None, None)
+        else:
+            failed = ModelFailed(f"the answer ended with status {status}")
+            opened.call.__exit__(ModelFailed, failed, None)
         if status == 200:
             ex.obs.generated(timing.queue, timing.model, completion)
             self.shadow_skipped += 1
