@@ -25,7 +25,10 @@ comparison (rollout.agreement.Summary) and lists each one missed, in this order:
 7. embedding models: recall@10 of the optimized arm's neighbours against the baseline's,
    neighbours tied within `retrieval_tolerance` counting as kept, overall and on a half
    re-embedded index >= `min_recall_at_10`, and no judged slice shown below it (the upper end
-   of its bootstrap interval) (rollout.retrieval; None for a classifier: not judged).
+   of its bootstrap interval) (rollout.retrieval; None for a classifier: not judged);
+8. a causal LM is judged by its tokens instead of 1-7 (`judge_generation`): the KL divergence
+   and top-1 token agreement per response, overall and per judged slice, by bootstrap bounds
+   (rollout.token_fidelity: `max_kld`, `min_token_agreement`), and its decode speedup.
 
 `thresholds_from(settings)` is the one place thresholds are built from the settings
 (`verify_*`), for every caller that judges a comparison, and `judge_comparison` the one rule
@@ -55,6 +58,8 @@ from rollout.agreement import CONFIDENT_MARGIN, Summary, wilson_interval
 from rollout.retrieval import Retrieval
 from rollout.retrieval import judge as judge_retrieval
 from rollout.slices import SliceRow
+from rollout.token_fidelity import KLD_CLIP, MAX_KLD, MIN_TOKEN_AGREEMENT, TokenFidelity
+from rollout.token_fidelity import judge as judge_tokens
 
 if TYPE_CHECKING:
     from rollout.settings import VerifySettings
@@ -75,6 +80,9 @@ class Thresholds(BaseModel):
     min_recall_at_10: float = Field(0.95, ge=0, le=1)  # embeddings (rollout.retrieval)
     # its ties (rollout.retrieval); 0: strict, as verdicts stored before it was recorded
     retrieval_tolerance: float = Field(0.0, ge=0, le=1)
+    # causal LMs (rollout.token_fidelity); defaults: what verdicts stored before them judged by
+    max_kld: float = Field(MAX_KLD, ge=0, le=KLD_CLIP)
+    min_token_agreement: float = Field(MIN_TOKEN_AGREEMENT, ge=0, le=1)
 
     def with_margin(self, margin: float) -> Thresholds:
         """These thresholds with every bar of agreement, cosine and recall raised by `margin`
@@ -99,6 +107,8 @@ def thresholds_from(settings: VerifySettings) -> Thresholds:
         min_slice_size=settings.verify_min_slice_size,
         min_recall_at_10=settings.verify_min_recall_at_10,
         retrieval_tolerance=settings.verify_retrieval_tolerance,
+        max_kld=settings.verify_max_kld,
+        min_token_agreement=settings.verify_min_token_agreement,
     )
 
 
@@ -138,13 +148,19 @@ class Verdict(BaseModel):
     top1_unchanged: float | None = Field(None, ge=0, le=1)
     # recall@10 with no tolerance (the figures above count ties: thresholds.retrieval_tolerance)
     strict_recall_at_10: float | None = Field(None, ge=0, le=1)
+    # a causal LM's (rollout.token_fidelity): `agreement` is then the mean top-1 token
+    # agreement per response and `n` the responses judged; "" for an encoder's verdict
+    task: str = ""
+    kld: float | None = Field(None, ge=0)  # mean clipped KL(baseline || optimized) per response
+    kld_upper_bound: float | None = Field(None, ge=0)
+    identical: float | None = Field(None, ge=0, le=1)  # greedy continuations left unchanged
 
 
 OUT_OF_SAMPLE = ("held-out", "external")
 _STRICTER_IS_HIGHER = ("min_agreement", "min_lower_bound", "min_speedup", "min_cosine_p1",
-                       "min_slice_agreement", "min_recall_at_10")
+                       "min_slice_agreement", "min_recall_at_10", "min_token_agreement")
 _STRICTER_IS_LOWER = ("min_margin", "max_confident_flips", "max_accuracy_drop", "min_slice_size",
-                      "retrieval_tolerance")
+                      "retrieval_tolerance", "max_kld")
 
 
 class VerdictRules(BaseModel):
@@ -244,6 +260,17 @@ def judge_comparison(thresholds: Thresholds, summary: Summary, speedup: float | 
     miss."""
     return (judge_summary(thresholds, summary, speedup) + judge_slices(thresholds, slices)
             + judge_retrieval(thresholds.min_recall_at_10, retrieval))
+
+
+def judge_generation(thresholds: Thresholds, found: TokenFidelity, speedup: float | None
+                     ) -> list[str]:
+    """Rule 8, a causal LM's whole rule: its token fidelity (rollout.token_fidelity: KL
+    divergence and top-1 token agreement, overall and per judged slice) and its speedup (None:
+    not measured)."""
+    failures = judge_tokens(thresholds.max_kld, thresholds.min_token_agreement, found)
+    if speedup is not None and speedup < thresholds.min_speedup:
+        failures.append(f"speedup {speedup:.2f}x < {thresholds.min_speedup}x")
+    return failures
 
 
 def bound_only(thresholds: Thresholds, summary: Summary, speedup: float | None,

@@ -116,18 +116,9 @@ def hf_batches(model, requests, wanted: list[int], concurrency: int, size: int, 
     return cell
 
 
-def unbounded_loop(model, tokenizer, max_batch: int):
-    """A decode loop whose KV budget (16 GiB) never holds a request back: a bench measures
-    the schedule, not admission."""
-    from serve.generative.decode import DecodeLoop
-    from serve.generative.kv import KvBudget, KvCost
-    from serve.recipes.causal_lm import kv_dtype_bytes
-    cost = KvCost.of(model.config, kv_dtype_bytes(model))
-    return DecodeLoop(model, tokenizer, KvBudget(1 << 34, cost), max_batch=max_batch)
-
-
 def decode_loop(model, tokenizer, requests, wanted: list[int], concurrency: int) -> Cell:
     from serve.generative.decode import Sampling, Sequence
+    from serve.generative.fidelity import unbounded_loop
     loop = unbounded_loop(model, tokenizer, max(concurrency, 1))
     cell = Cell("decode loop", concurrency)
     pending, live = list(zip(requests, wanted, strict=True)), {}

@@ -33,7 +33,6 @@ from ops.bench.generate_loop import (
     lengths,
     parser_for,
     prompts,
-    unbounded_loop,
 )
 from ops.load.tally import pct
 
@@ -59,19 +58,13 @@ def build(fp32, name: str):
     return damaged_4bit(model) if name == DAMAGED else build_recipe(model, name)
 
 
-def greedy(model, tokenizer, requests: list[list[int]], tokens: int) -> list[list[int]]:
-    """Each request's greedy continuation by the decode loop (EOS ends it)."""
-    from serve.generative.decode import Sampling, Sequence
-    loop = unbounded_loop(model, tokenizer, 16)
-    sequences = [loop.submit(Sequence(p, Sampling(max_tokens=tokens, temperature=0),
-                                      lambda event: None)) for p in requests]
-    while not all(s.finish for s in sequences):
-        loop.step()
-    return [s.generated for s in sequences]
-
-
 def fidelity(fp32, model, tokenizer, requests, reference: list[list[int]]) -> dict:
-    from serve.generative.fidelity import compare, continuation_logits, first_divergence
+    from serve.generative.fidelity import (
+        compare,
+        continuation_logits,
+        first_divergence,
+        greedy,
+    )
     kld, same, nll_ref, nll_other = [], [], [], []
     for prompt, continuation in zip(requests, reference, strict=True):
         if not continuation:
@@ -114,6 +107,7 @@ def measure(folder: Path, names: list[str], concurrencies: list[int], count: int
     for name in names:
         with quiet():
             models[name] = build(fp32, name).eval()
+    from serve.generative.fidelity import greedy
     requests = prompts(tokenizer, count)
     reference = greedy(fp32, tokenizer, requests, tokens)
     rows = {name: {"recipe": name} for name in models}

@@ -13,7 +13,7 @@ SPLITS = {"held-out": "held-out split: inputs neither a recipe's tuning nor `aut
           "external": "all of it: a set other than the configured one, seen by neither"}
 
 
-def _pct(value: float | None, digits: int = 2) -> str:
+def pct(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}%"
 
 
@@ -102,22 +102,22 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         lines.append(f"plan       {describe(report.optimized.plan)}")
     if (auto := _auto(report.optimized)) is not None:
         lines.append(f"recipe     {auto['describe']}")
-    lines += ["", f"top-1 agreement  {_pct(s.agreement)} ({s.agree}/{s.n}), 95% Wilson interval "
-                  f"{_pct(s.lower_bound)} - {_pct(s.upper_bound)}"]
+    lines += ["", f"top-1 agreement  {pct(s.agreement)} ({s.agree}/{s.n}), 95% Wilson interval "
+                  f"{pct(s.lower_bound)} - {pct(s.upper_bound)}"]
     if (c := report.calibration) is not None:
-        lines.append(f"calibration      {_pct(c.agreement)} ({c.agree}/{c.n}, the inputs recipes "
+        lines.append(f"calibration      {pct(c.agreement)} ({c.agree}/{c.n}, the inputs recipes "
                      f"tune on: shown, not judged), {len(c.confident)} confident flips")
     if s.cosine is not None:
         c = s.cosine
         lines.append(f"cosine           mean {c.mean:.5f}  p1 {c.p1:.5f}  min {c.min:.5f}")
     if s.accuracy:
         a = s.accuracy
-        lines.append(f"accuracy         baseline {_pct(a['baseline'], 1)}  optimized "
-                     f"{_pct(a['optimized'], 1)}  drop {_pct(s.accuracy_drop)}  "
+        lines.append(f"accuracy         baseline {pct(a['baseline'], 1)}  optimized "
+                     f"{pct(a['optimized'], 1)}  drop {pct(s.accuracy_drop)}  "
                      f"({a['n']} labelled)")
     lines += ["", "by baseline margin:"]
     lines += table(("MARGIN", "N", "AGREE", "AGREEMENT"),
-                   [(b.label, str(b.n), str(b.agree), _pct(b.agreement)) for b in s.buckets])
+                   [(b.label, str(b.n), str(b.agree), pct(b.agreement)) for b in s.buckets])
     lines += _slices(report.slices, thresholds)
     lines += _retrieval(report.retrieval, thresholds)
     lines += _flips(report, s)
@@ -152,7 +152,7 @@ def _slices(rows, thresholds) -> list[str]:
     lines = ["", f"by slice, worst first (judged: >= {thresholds.min_slice_size} inputs; each "
                  f"judged slice's 95% upper bound must reach {thresholds.min_slice_agreement}):"]
     lines += table(("SLICE", "N", "AGREEMENT", "WILSON LOW", "CONF. FLIPS", "JUDGED"), [
-        (row.slice, str(row.n), _pct(row.agreement), _pct(row.lower_bound),
+        (row.slice, str(row.n), pct(row.agreement), pct(row.lower_bound),
          str(row.confident_flips), "yes" if row.judged else "no")
         for row in rows[:SHOW_SLICES]])
     if len(rows) > SHOW_SLICES:
@@ -168,25 +168,25 @@ def _retrieval(found, thresholds) -> list[str]:
     lines = ["", f"retrieval, {found.queries} queries (every {QUERY_EVERY}th judged input, "
                  f"itself excluded) against the baseline's index of {found.documents}; a "
                  f"neighbour within {found.tolerance:g} of the baseline's 10th (1st) counts:",
-             f"  recall@10 {_pct(found.recall_at_10)}  on a half re-embedded index "
-             f"{_pct(found.recall_at_10_mixed)}  top-1 unchanged {_pct(found.top1_unchanged)}"
+             f"  recall@10 {pct(found.recall_at_10)}  on a half re-embedded index "
+             f"{pct(found.recall_at_10_mixed)}  top-1 unchanged {pct(found.top1_unchanged)}"
              f"  (gate: recall@10 >= {thresholds.min_recall_at_10}, overall and mixed; per "
              f"judged slice, its 95% upper bound)",
-             f"  strict (no tolerance, shown): recall@10 {_pct(found.strict_recall_at_10)}  "
-             f"mixed {_pct(found.strict_recall_at_10_mixed)}  top-1 unchanged "
-             f"{_pct(found.strict_top1_unchanged)}",
+             f"  strict (no tolerance, shown): recall@10 {pct(found.strict_recall_at_10)}  "
+             f"mixed {pct(found.strict_recall_at_10_mixed)}  top-1 unchanged "
+             f"{pct(found.strict_top1_unchanged)}",
              f"  {found.tied} of {found.queries} queries have a rival within {found.tolerance:g} "
              f"of their 1st or 10th neighbour (near-duplicates: what makes a slice fragile)"]
     if (truth := found.ground_truth) is not None:
         lines.append(f"  against the set's relevance labels ({truth.queries} queries): "
-                     f"baseline {_pct(truth.baseline_recall_at_10)}, optimized "
-                     f"{_pct(truth.optimized_recall_at_10)} (shown, not judged)")
+                     f"baseline {pct(truth.baseline_recall_at_10)}, optimized "
+                     f"{pct(truth.optimized_recall_at_10)} (shown, not judged)")
     lines += table(("SLICE", "QUERIES", "RECALL@10", "95% INTERVAL", "STRICT", "MIXED",
                     "TOP-1 SAME", "TIED", "JUDGED"), [
-        (row.slice, str(row.n), _pct(row.recall_at_10),
-         f"{_pct(row.interval[0])} - {_pct(row.interval[1])}" if row.interval else "",
-         _pct(row.strict_recall_at_10), _pct(row.recall_at_10_mixed),
-         _pct(row.top1_unchanged), str(row.tied), "yes" if row.judged else "no")
+        (row.slice, str(row.n), pct(row.recall_at_10),
+         f"{pct(row.interval[0])} - {pct(row.interval[1])}" if row.interval else "",
+         pct(row.strict_recall_at_10), pct(row.recall_at_10_mixed),
+         pct(row.top1_unchanged), str(row.tied), "yes" if row.judged else "no")
         for row in found.slices[:SHOW_SLICES]])
     return lines
 
@@ -208,7 +208,7 @@ def _flip_table(report, flips: list[Pair], show: int) -> list[str]:
     labels, texts = report.baseline.labels, report.regression.texts
     lines = table(("#", "BASELINE (MARGIN)", "OPTIMIZED (MARGIN)", "TEXT"), [
         (str(p.index), f"{labels[p.baseline]} ({p.baseline_margin:.4f})",
-         f"{labels[p.optimized]} ({p.optimized_margin:.4f})", _clip(texts[p.index]))
+         f"{labels[p.optimized]} ({p.optimized_margin:.4f})", clip(texts[p.index]))
         for p in flips[:show]])
     if len(flips) > show:
         lines.append(f"... and {len(flips) - show} more with smaller baseline margins (--json "
@@ -243,6 +243,6 @@ def _rule(t, speed_batch: int) -> list[str]:
             f"   with ties within {t.retrieval_tolerance:g}, a slice's by its upper bound)"]
 
 
-def _clip(text: str, width: int = 60) -> str:
+def clip(text: str, width: int = 60) -> str:
     text = one_line(text)
     return text if len(text) <= width else text[: width - 3] + "..."

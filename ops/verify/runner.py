@@ -89,7 +89,7 @@ class Report:
     speedup_set_order: float | None = None  # set-order batches, for comparison
 
 
-class _Bar:
+class Bar:
     """A tqdm bar on the operator's stderr, or nothing."""
 
     def __init__(self, stream, enabled: bool):
@@ -129,7 +129,7 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
     calibrating on `settings.regression_set`, whatever set they are judged on."""
     torch.set_num_threads(settings.threads_per_model(replicas=1))
     check_labels(labels_of(settings, "baseline"), labels_of(settings, "optimized"))
-    bar = _Bar(progress_stream, progress_stream is not None)
+    bar = Bar(progress_stream, progress_stream is not None)
     try:
         bar.stage("loading baseline", 1)
         groups = VariantSettings(settings, settings, settings, settings)
@@ -151,7 +151,7 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
 
 
 def _pairs(baseline: Variant, optimized: Variant, regression: RegressionSet,
-           bar: _Bar) -> tuple[list[Pair], tuple[torch.Tensor, torch.Tensor]]:
+           bar: Bar) -> tuple[list[Pair], tuple[torch.Tensor, torch.Tensor]]:
     """Every input of the set answered by both arms, paired (rollout.agreement), and both
     arms' rows (embeddings, for an encoder) in the set's order."""
     texts = regression.texts
@@ -222,7 +222,7 @@ def _retrieval(settings: Settings, regression: RegressionSet, report: Report,
                         tolerance=settings.verify_retrieval_tolerance, relevance=relevance)
 
 
-def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> None:
+def _speed(report: Report, settings: Settings, bar: Bar, rounds: int = 3) -> None:
     texts = report.regression.texts
     step = max(1, len(texts) // settings.verify_speed_inputs)
     sample = texts[::step][: settings.verify_speed_inputs]
@@ -249,14 +249,14 @@ def _speed(report: Report, settings: Settings, bar: _Bar, rounds: int = 3) -> No
     largest = [sample[: max(sizes)]]
     for arm, variant in variants.items():
         report.memory[arm] = {
-            "weights_mib": _weights_bytes(variant.model) / 2**20,
+            "weights_mib": weights_bytes(variant.model) / 2**20,
             "peak_mib": _peak_bytes(variant, largest) / 2**20,
             "batch": max(sizes),
         }
 
 
 def _best_times(variants: dict[str, Variant], orders: dict[str, list[list[str]]], rounds: int,
-                bar: _Bar) -> dict[str, float]:
+                bar: Bar) -> dict[str, float]:
     """Best-of-`rounds` seconds of one pass over each order's batches, per arm (keyed
     arm + order suffix); arms and orders interleaved within each round."""
     for variant in variants.values():  # warm-up: first shapes, lazy init, compilation
@@ -285,7 +285,7 @@ def _pass(variant: Variant, batches: list[list[str]], served: bool = True) -> fl
     return time.perf_counter() - start
 
 
-def _weights_bytes(model: torch.nn.Module) -> int:
+def weights_bytes(model: torch.nn.Module) -> int:
     """The model's serialized size: its state dict, or a runtime's artifact file (ONNX)."""
     if hasattr(model, "size_bytes"):
         return model.size_bytes

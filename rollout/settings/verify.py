@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, NoDecode
 
 from rollout.agreement import CONFIDENT_MARGIN
 from rollout.settings.base import CONFIG
+from rollout.token_fidelity import KLD_CLIP, MAX_KLD, MIN_TOKEN_AGREEMENT
 
 
 class VerifySettings(BaseSettings):
@@ -86,6 +87,36 @@ class VerifySettings(BaseSettings):
         description="`auto` judges a candidate on the validation split with every bar of the "
         "agreement, cosine and recall gates raised by this much, so that what it serves passes "
         "verify on the held-out split ([the measurements](recipes.md#retrieval-ties))",
+    )
+    verify_max_kld: float = Field(
+        MAX_KLD, ge=0, le=KLD_CLIP,
+        description="causal LMs: verify fails when the 95 % upper bound of the mean KL "
+        "divergence (baseline || optimized, nats, each response's mean clipped at 1) exceeds "
+        "this, overall, or a judged slice's lower bound does (8-bit weights measure about "
+        "0.001, 4-bit rounding 0.01-0.1: [the grounds](generative.md#judged-by-its-tokens))",
+    )
+    verify_min_token_agreement: float = Field(
+        MIN_TOKEN_AGREEMENT, ge=0, le=1,
+        description="causal LMs: verify fails when the 95 % lower bound of the mean share of "
+        "a response's positions whose most likely token both arms agree on is below this, "
+        "overall, or a judged slice's upper bound is",
+    )
+    verify_prompts: int = Field(
+        200, ge=1, le=100_000,
+        description="causal LMs: prompts verify scores (evenly spaced over the judged split); "
+        "each costs the baseline's greedy continuation, a teacher-forced forward per arm and "
+        "the optimized arm's own continuation",
+    )
+    verify_continuation_tokens: int = Field(
+        32, ge=1, le=4096,
+        description="causal LMs: tokens of the baseline's greedy continuation scored per "
+        "prompt (EOS ends it sooner)",
+    )
+    verify_prompt_share: float = Field(
+        0.5, gt=0, le=1,
+        description="causal LMs: the share of each text's tokens verify gives as the prompt "
+        "(the baseline's continuation replaces the rest): a complete sentence's likeliest "
+        "continuation is its end; 1: each text whole (a set of prompts)",
     )
     verify_batch_sizes: Annotated[tuple[int, ...], NoDecode] = Field(
         (1, 8, 32), description="batch sizes whose throughput verify measures (comma-separated, "

@@ -5,10 +5,15 @@ mean KL divergence and "same top token").
 The other arm never generates: one forward over prompt plus the reference's continuation gives
 its next-token distribution at every position of the continuation, to compare with the
 reference's own at the same positions.
+
+`greedy` gives each prompt's greedy continuation through the decode loop (serve.generative.decode)
+and `decode_seconds` times the loop on a batch of prompts: `rollout verify` for a causal LM and
+ops.bench.generate_recipes use both.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -51,3 +56,44 @@ def first_divergence(reference: list[int], other: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(reference) == len(other) else min(len(reference), len(other))
+
+
+def unbounded_loop(model, tokenizer, max_batch: int):
+    """A decode loop whose KV budget (16 GiB) never holds a request back: a measurement of the
+    schedule, not of admission."""
+    from serve.generative.decode import DecodeLoop
+    from serve.generative.kv import KvBudget, KvCost
+    return DecodeLoop(model, tokenizer, KvBudget(1 << 34, KvCost.of_model(model)),
+                      max_batch=max_batch)
+
+
+def greedy(model, tokenizer, prompts: list[list[int]], tokens: int, *, batch: int = 16,
+           done=None) -> list[list[int]]:
+    """Each prompt's greedy continuation of at most `tokens` (EOS ends it), decoded `batch` at
+    a time; `done(n)` hears of each `n` sequences finished."""
+    from serve.generative.decode import Sampling, Sequence
+    loop = unbounded_loop(model, tokenizer, batch)
+    sequences = [loop.submit(Sequence(p, Sampling(max_tokens=tokens, temperature=0),
+                                      lambda event: None)) for p in prompts]
+    finished = 0
+    while finished < len(sequences):
+        loop.step()
+        now = sum(1 for s in sequences if s.finish)
+        if done is not None and now > finished:
+            done(now - finished)
+        finished = now
+    return [s.generated for s in sequences]
+
+
+def decode_seconds(model, tokenizer, prompts: list[list[int]], tokens: int, batch: int) -> float:
+    """Seconds for the decode loop to give every prompt `tokens` tokens (EOS ignored, so that
+    two models do the same work), `batch` sequences at a time."""
+    from serve.generative.decode import Sampling, Sequence
+    loop = unbounded_loop(model, tokenizer, batch)
+    started = time.perf_counter()
+    sequences = [loop.submit(Sequence(p, Sampling(max_tokens=tokens, temperature=0,
+                                                  ignore_eos=True), lambda event: None))
+                 for p in prompts]
+    while not all(s.finish for s in sequences):
+        loop.step()
+    return time.perf_counter() - started

@@ -37,6 +37,17 @@ class KvCost:
         kv_heads = getattr(text, "num_key_value_heads", None) or heads
         return cls(text.num_hidden_layers, kv_heads, head_dim, dtype_bytes)
 
+    @classmethod
+    def of_model(cls, model) -> KvCost:
+        """A loaded model's: its config, at the dtype of the KV cache it writes."""
+        return cls.of(model.config, kv_dtype_bytes(model))
+
+
+def kv_dtype_bytes(model) -> int:
+    """Bytes per element of the KV cache the model writes: its embeddings' dtype (dynamic int8
+    recipes keep float activations, so their keys and values stay float too)."""
+    return model.get_input_embeddings().weight.element_size()
+
 
 @dataclass(frozen=True)
 class Row:

@@ -55,8 +55,3 @@ def serves_causal_lm(settings: ModelSettings) -> bool:
         check(recipe_for(arm, settings, "cpu"))
     return True
 
-
-def kv_dtype_bytes(model) -> int:
-    """Bytes per element of the KV cache the model writes: its embeddings' dtype (dynamic int8
-    recipes keep float activations, so their keys and values stay float too)."""
-    return model.get_input_embeddings().weight.element_size()

@@ -29,7 +29,7 @@ from serve.generative.decode import DecodeLoop, Sampling
 from serve.generative.kv import KvBudget, KvCost
 from serve.generative.streaming import Runner
 from serve.recipes import recipe_for
-from serve.recipes.causal_lm import build, kv_dtype_bytes
+from serve.recipes.causal_lm import build
 from serve.recipes.source import model_dir, variant_version, weights_digest
 
 MIB = 1 << 20
@@ -63,8 +63,7 @@ class GenerateServer:
             fp32 = AutoModelForCausalLM.from_pretrained(
                 self.path, local_files_only=True, dtype=torch.float32).eval()
             self.model = build(fp32, self.recipe)  # fp32 is not kept: no copy
-        cost = KvCost.of(self.model.config, kv_dtype_bytes(self.model))
-        budget = KvBudget(kv_budget_bytes(settings.kv_cache_mib), cost)
+        budget = KvBudget(kv_budget_bytes(settings.kv_cache_mib), KvCost.of_model(self.model))
         self.loop = DecodeLoop(self.model, self.tokenizer, budget,
                                max_batch=settings.max_batch_size)
         self.runner = Runner(self.loop)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ops.bench import generate_recipes
 from ops.bench.generate_loop import prompts
-from serve.generative.fidelity import compare, continuation_logits, first_divergence
+from serve.generative.fidelity import compare, continuation_logits, first_divergence, greedy
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_first_divergence():
 def test_a_faithful_recipe_scores_far_below_damage_made_by_construction(lm):
     model, tokenizer = lm
     requests = prompts(tokenizer, 10)
-    reference = generate_recipes.greedy(model, tokenizer, requests, 16)
+    reference = greedy(model, tokenizer, requests, 16)
     same = generate_recipes.fidelity(model, model, tokenizer, requests, reference)
     assert same["kld_max"] < 1e-6 and same["same_top"] == 1 and same["identical"] == 1
     faithful = generate_recipes.fidelity(
@@ -85,7 +85,8 @@ def test_the_bench_writes_a_row_per_model_and_refuses_what_is_no_torch_recipe(
 
 
 def test_auto_and_encoder_only_recipes_are_refused_naming_what_builds_a_causal_lm(lm):
-    from serve.recipes.causal_lm import build, causal_recipes, kv_dtype_bytes
+    from serve.generative.kv import kv_dtype_bytes
+    from serve.recipes.causal_lm import build, causal_recipes
     model, _ = lm
     assert {"fp32", "bf16", "int8-dynamic-per-channel"} <= set(causal_recipes())
     assert "onnx-int8" not in causal_recipes() and "fp16-graphs" not in causal_recipes()
