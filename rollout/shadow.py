@@ -7,6 +7,9 @@ A *shadowed* request was answered by one arm and, off the response path, also se
 - `classify`: the pair *agrees* when both arms give the same top-1 label; it is filed under the
   *baseline's* margin (top-1 minus top-2 score) in the buckets of rollout.agreement, so flips at
   the decision boundary are told apart from flips in the confident bulk, as `rollout verify` does;
+- `generate` (one answer, rollout.token_fidelity): the answered tokens scored teacher-forced by
+  both arms; the response's mean KL(baseline || optimized), clipped at KLD_CLIP, and its top-1
+  token agreement (`token_fields`);
 - `embed`: the pair's cosine similarity between the two embeddings and, where the gateway
   keeps a reservoir of recent baseline vectors (serve.gateway.shadow, `shadow_reservoir_size`), how
   many of the baseline vector's K = 10 nearest vectors in it the optimized vector also finds
@@ -24,6 +27,13 @@ are counters only ever added to (HINCRBYFLOAT), so gateway replicas merge withou
                                        nb_hits / (10 nb_n))
     calls, shed, errors                shadow calls answered; sampled requests not shadowed
                                        because of load; shadow calls that failed or timed out
+    tk_n, tk_kld, tk_agree, tk_tokens  generate responses scored, the sums of their clipped mean
+                                       KLDs and of their top-1 token agreements, their tokens
+    tk:<j>                             generate responses per mean-KLD bin j (KLD_EDGES): what
+                                       the ramp's `max_kld` gate reads at any clip
+    st:<slice>:n, st:<slice>:kld, st:<slice>:agree
+                                       the same three sums per slice of the prompt (script,
+                                       length bucket in tokens, header)
     sl:<slice>:pairs, sl:<slice>:agreed, sl:<slice>:cflips
                                        classify pairs per slice (rollout.slices: `script:han`,
                                        `length:17-64`, `label:sports`, `header:acme`), those
@@ -62,6 +72,10 @@ from rollout.agreement import (
 )
 from rollout.retrieval import K
 from rollout.slices import DEFAULT_MIN_PAIRS, SliceRow, slice_table
+from rollout.token_fidelity import KLD_CLIP, ResponseFidelity
+
+# a generate response's mean KLD (nats) per bin: bin j holds (KLD_EDGES[j-1], KLD_EDGES[j]]
+KLD_EDGES = (1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 0.1, 0.3, KLD_CLIP)
 
 COSINE_GAPS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
 
@@ -165,6 +179,46 @@ def shadow_fields(outcomes: Iterable[PairOutcome] = (), *, calls: int = 0, shed:
     return fields
 
 
+def kld_bin(value: float) -> int:
+    for j, edge in enumerate(KLD_EDGES):
+        if value <= edge:
+            return j
+    return len(KLD_EDGES) - 1
+
+
+def kld_outcomes(bins: Mapping[int, int], cap: float) -> float:
+    """The sum over generate responses of min(mean KLD, cap) / cap, each response read at its
+    KLD bin's upper edge (never below its true value): a bounded outcome in [0, 1] per
+    response, for an anytime-valid bound (the ramp's `max_kld`)."""
+    return sum(count * min(KLD_EDGES[min(j, len(KLD_EDGES) - 1)], cap) / cap
+               for j, count in bins.items())
+
+
+def token_fields(response: ResponseFidelity, *, calls: int = 1) -> dict[str, float]:
+    """The counter increments of one scored generate response (module docstring)."""
+    kld, agreement = response.mean_kld, response.agreement
+    fields = {"calls": calls, "tk_n": 1, "tk_kld": kld, "tk_agree": agreement,
+              "tk_tokens": response.tokens, f"tk:{kld_bin(kld)}": 1}
+    for key in response.slices:
+        fields.update({f"st:{key}:n": 1, f"st:{key}:kld": kld, f"st:{key}:agree": agreement})
+    return fields
+
+
+def _token_slices(totals: Mapping[str, float]) -> dict[str, tuple[int, float, float]]:
+    """Slice -> (responses, summed clipped mean KLD, summed agreement)."""
+    cells: dict[str, list[float]] = {}
+    for name, value in totals.items():
+        if not name.startswith("st:"):
+            continue
+        key, _, counter = name[3:].rpartition(":")
+        if key and counter in _TOKEN_COUNTERS:
+            cells.setdefault(key, [0.0, 0.0, 0.0])[_TOKEN_COUNTERS[counter]] += value
+    return {key: (int(round(n)), kld, agree) for key, (n, kld, agree) in cells.items()}
+
+
+_TOKEN_COUNTERS = {"n": 0, "kld": 1, "agree": 2}
+
+
 def _add_slices(add: Callable[[str], None], pair: PairOutcome) -> None:
     """A classify pair's per-slice counters (see the module docstring)."""
     flipped = not pair.agreed and (pair.margin or 0.0) >= CONFIDENT_MARGIN
@@ -241,6 +295,27 @@ class ShadowStats:
     slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     recall_queries: int = 0
     recall_hits: int = 0
+    # generate responses (rollout.token_fidelity): how many, the sums of their clipped mean KLD
+    # and top-1 token agreement, their tokens, per KLD bin, per slice (n, kld sum, agree sum)
+    token_responses: int = 0
+    token_kld_sum: float = 0.0
+    token_agree_sum: float = 0.0
+    token_tokens: int = 0
+    token_bins: dict[int, int] = field(default_factory=dict)
+    token_slices: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+
+    @property
+    def token_kld(self) -> float | None:
+        """The mean over generate responses of each one's clipped mean KL divergence."""
+        return self.token_kld_sum / self.token_responses if self.token_responses else None
+
+    @property
+    def token_agreement(self) -> float | None:
+        """The mean over generate responses of each one's top-1 token agreement."""
+        return self.token_agree_sum / self.token_responses if self.token_responses else None
+
+    def kld_outcomes(self, cap: float) -> float:
+        return kld_outcomes(self.token_bins, cap)
 
     @property
     def recall_at_10(self) -> float | None:
@@ -275,6 +350,12 @@ class ShadowStats:
         out["by_margin"] = {label: list(cell) for label, cell in self.by_margin.items()}
         out["slices"] = {key: list(cell) for key, cell in self.slices.items()}
         out["slice_table"] = [row.as_dict() for row in self.slice_rows(DEFAULT_MIN_PAIRS)]
+        out["token_kld"] = self.token_kld
+        out["token_agreement"] = self.token_agreement
+        out["token_bins"] = {str(j): n for j, n in sorted(self.token_bins.items())}
+        out["token_slices"] = {key: {"responses": n, "kld": kld / n if n else None,
+                                     "agreement": agree / n if n else None}
+                               for key, (n, kld, agree) in self.token_slices.items()}
         return out
 
 
@@ -319,5 +400,10 @@ def aggregate_shadow(hashes: Iterable[Mapping[str, str | float]], seconds: float
         cosine_min=_cosine_low(histogram, 1) if cos_n else None,
         calls=count("calls"), shed=count("shed"), errors=count("errors"),
         slices=slice_counts(totals), recall_queries=count("nb_n"),
-        recall_hits=count("nb_hits"),
+        recall_hits=count("nb_hits"), token_responses=count("tk_n"),
+        token_kld_sum=totals.get("tk_kld", 0.0), token_agree_sum=totals.get("tk_agree", 0.0),
+        token_tokens=count("tk_tokens"),
+        token_bins={int(k[3:]): int(round(v)) for k, v in totals.items()
+                    if k.startswith("tk:") and k[3:].isdigit()},
+        token_slices=_token_slices(totals),
     )

@@ -54,6 +54,7 @@ class ScriptedMetrics:
         self.confident_pairs, self.confident_flips = 0, 0
         self.slice_counts: dict[str, tuple[int, int]] = {}  # slice -> (pairs, agreed)
         self.recall_pairs, self.recall_hits = 0, 0  # embed pairs, shared top-10 neighbours
+        self.token_counts: tuple[int, float, dict[int, int]] = (0, 0.0, {})  # scored answers
         self.asked: list[int] = []
         self.shadow_asked: list[tuple[int, float | None]] = []  # (last_s, min_margin)
 
@@ -74,6 +75,9 @@ class ScriptedMetrics:
 
     def recall(self, last_s):
         return self.recall_pairs, self.recall_hits
+
+    def tokens(self, last_s):
+        return self.token_counts
 
 
 class Harness:
@@ -162,6 +166,9 @@ class ShadowFedMetrics(ScriptedMetrics):
 
     def recall(self, last_s):
         return self.shadow.recall(last_s)
+
+    def tokens(self, last_s):
+        return self.shadow.tokens(last_s)
 
 
 def shadow_fed_harness(gates: dict) -> tuple[Harness, ShadowFedMetrics]:

@@ -89,7 +89,8 @@ def shadow_lines(stats: ShadowStats) -> list[str]:
     """Online agreement over the window: one summary line, then agreement by baseline margin."""
     window = f"{stats.seconds:g}s"
     load = f"shed {stats.shed}, errors {stats.errors}"
-    if not (stats.pairs or stats.cosine_n or stats.shed or stats.errors):
+    if not (stats.pairs or stats.cosine_n or stats.shed or stats.errors
+            or stats.token_responses):
         return [f"online agreement (shadow): no shadowed requests in the last {window} "
                 "(CANARY_SHADOW_SHARE)"]
     lines = [f"online agreement (shadow, last {window}):"]
@@ -103,6 +104,10 @@ def shadow_lines(stats: ShadowStats) -> list[str]:
     if stats.recall_queries:
         lines.append(f"  recall@10 {_pct2(stats.recall_at_10)} of the baseline's top-10 "
                      f"neighbours in the reservoir (n={stats.recall_queries:,} embed pairs)")
+    if stats.token_responses:
+        lines.append(f"  generated answers scored {stats.token_responses:,} "
+                     f"({stats.token_tokens:,} tokens): KL divergence {stats.token_kld:.5f} "
+                     f"nats per token, top-1 token agreement {_pct2(stats.token_agreement)}")
     lines.append(f"  shadow    {stats.calls:,} calls compared, {load}")
     if stats.pairs:
         rows = [(label, f"{pairs:,}", f"{pairs - agreed:,}", _pct2(agreed / pairs))

@@ -27,7 +27,7 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         **found.as_dict(),
         "responses": [{"index": r.index, **dict(zip(("prompt", "continuation", "optimized"),
                                                    report.said[r.index], strict=True)),
-                       "tokens": r.tokens,
+                       "prompt_ids": report.prompt_ids[r.index], "tokens": r.tokens,
                        "kld": r.mean_kld, "agreement": r.agreement, "identical": r.identical,
                        "first_divergence": r.first_divergence, "slices": list(r.slices)}
                       for r in report.responses],

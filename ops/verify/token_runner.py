@@ -82,6 +82,7 @@ class GenerateReport:
     sampled_from: int = 0  # the judged split's distinct texts, before the even sample
     said: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # index -> prompt,
     # the baseline's continuation and the optimized arm's own, as text
+    prompt_ids: dict[int, list[int]] = field(default_factory=dict)  # index -> the prompt given
     throughput: dict = field(default_factory=dict)
     speedup: float | None = None
     memory: dict = field(default_factory=dict)
@@ -145,7 +146,7 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
         report = GenerateReport(
             baseline, optimized, regression, split, tokens,
             summarize(responses, min_size=settings.verify_min_slice_size), responses,
-            left_out, len(judged), said)
+            left_out, len(judged), said, dict(chosen))
         if speed:
             _speed(report, [ids for _, ids in chosen], settings.verify_speed_batch, bar)
         return report

@@ -14,7 +14,9 @@ when its lower end reaches the threshold, fails when its upper end is below it, 
 that looking every few seconds does not inflate the chance of passing a canary that is truly
 below the threshold; `confident_flip_rate` those at a baseline margin >= `gates.min_margin`;
 `worst_slice_agreement` each slice's pairs (rollout.slices), see `_read_slices`;
-`min_recall_at_10` the embed pairs compared in the shadow's reservoir, see `_read_recall`.
+`min_recall_at_10` the embed pairs compared in the shadow's reservoir, see `_read_recall`;
+`max_kld` and `min_token_agreement` the generated answers the shadow scored by their tokens,
+see `_read_kld` and `_read_token_agreement`.
 The other gates judge the last `window_s` seconds. `realized_speedup` judges the baseline's
 CPU seconds per input over the optimized arm's (rollout.efficiency) on its 99.9 % interval, as
 `agreement_lower_bound` judges its sequence: it passes when the lower end reaches the minimum
@@ -32,6 +34,7 @@ from rollout.agreement import CS_ALPHA, agreement_cs
 from rollout.efficiency import Z_GATE, speedup
 from rollout.ramp.metrics import RampMetrics
 from rollout.ramp.plan import Gates, RampPlan
+from rollout.shadow import kld_outcomes
 from rollout.telemetry.windows import ArmStats
 
 
@@ -92,6 +95,13 @@ class Reading:
 def _exceeds(reading: Reading) -> bool:
     """`<=` gates: failing when the value (none yet: 0) is above the threshold."""
     return (reading.value or 0.0) > reading.threshold
+
+
+def _above_interval(reading: Reading) -> bool | None:
+    """`<=` gates on a confidence sequence: its upper end at or below the threshold passes,
+    its lower end above it fails; a threshold inside it cannot be judged yet (None)."""
+    lower, upper = reading.interval
+    return False if upper <= reading.threshold else True if lower > reading.threshold else None
 
 
 def _outside_interval(reading: Reading) -> bool | None:
@@ -233,6 +243,48 @@ def _read_recall(inputs: GateInputs) -> Reading:
                    interval=(lower, upper))
 
 
+KLD_CAP = 10  # `max_kld`: an answer's mean KLD counts at most this many times the bar
+
+
+def _read_kld(inputs: GateInputs) -> Reading:
+    """`max_kld`: the mean over the step's scored answers of each one's mean KL divergence,
+    clipped at KLD_CAP x the bar and read at its bin's upper edge (rollout.shadow: never
+    below the true value), judged on the anytime-valid 95 % confidence sequence of
+    rollout.agreement.agreement_cs with each answer's min(KLD, cap) / cap as its outcome (a
+    bounded outcome in [0, 1], as `min_recall_at_10` judges its shares), scaled back to nats.
+    The clip bounds what one wild answer moves; an answer at the cap counts as ten at the bar."""
+    gates, threshold = inputs.gates, inputs.gates.max_kld
+    responses, _, bins = inputs.metrics.tokens(inputs.shadow_s)
+    cap = KLD_CAP * threshold
+    outcomes = min(kld_outcomes(bins, cap), responses)
+    if responses < gates.min_agreement_pairs:
+        return Reading(outcomes * cap / responses if responses else None, threshold,
+                       f"{responses}/{gates.min_agreement_pairs} scored answers in "
+                       f"{inputs.span}", ready=False)
+    lower, upper = agreement_cs(outcomes, responses, threshold / cap)
+    return Reading(upper * cap, threshold, f"anytime 95% CS [{lower * cap:.5f}, "
+                   f"{upper * cap:.5f}] nats of KLD {outcomes * cap / responses:.5f} (clipped at "
+                   f"{cap:g}) over {responses} scored answers in {inputs.span}",
+                   interval=(lower * cap, upper * cap))
+
+
+def _read_token_agreement(inputs: GateInputs) -> Reading:
+    """`min_token_agreement`: the mean over the step's scored answers of each one's top-1
+    token agreement, on the anytime-valid 95 % confidence sequence (each answer's share, in
+    [0, 1], as its outcome)."""
+    gates, threshold = inputs.gates, inputs.gates.min_token_agreement
+    responses, agree, _ = inputs.metrics.tokens(inputs.shadow_s)
+    agree = min(agree, responses)
+    if responses < gates.min_agreement_pairs:
+        return Reading(agree / responses if responses else None, threshold,
+                       f"{responses}/{gates.min_agreement_pairs} scored answers in "
+                       f"{inputs.span}", ready=False)
+    lower, upper = agreement_cs(agree, responses, threshold)
+    return Reading(lower, threshold, f"anytime 95% CS [{lower:.4f}, {upper:.4f}] of top-1 token "
+                   f"agreement {agree / responses:.4f} over {responses} scored answers in "
+                   f"{inputs.span}", interval=(lower, upper))
+
+
 def _read_error_rate(inputs: GateInputs) -> Reading:
     """`error_rate`: the canary's, against the baseline's plus `error_rate_delta`."""
     threshold = (inputs.baseline.error_rate or 0.0) + inputs.gates.error_rate_delta
@@ -285,6 +337,9 @@ GATE_SPECS: tuple[GateSpec, ...] = (  # in the order they are judged and shown
     GateSpec("worst_slice_agreement", "worst_slice_agreement", _read_slices, op=">=",
              judge=_outside_interval, shadow=True),
     GateSpec("min_recall_at_10", "min_recall_at_10", _read_recall, op=">=",
+             judge=_outside_interval, shadow=True),
+    GateSpec("max_kld", "max_kld", _read_kld, judge=_above_interval, shadow=True),
+    GateSpec("min_token_agreement", "min_token_agreement", _read_token_agreement, op=">=",
              judge=_outside_interval, shadow=True),
     GateSpec("error_rate", "error_rate_delta", _read_error_rate),
     GateSpec("timeout_rate", "timeout_rate", _read_timeout_rate),

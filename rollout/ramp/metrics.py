@@ -43,6 +43,10 @@ class RampMetrics(Protocol):
         """Embed pairs compared in the reservoir over the last `last_s` seconds, and the sum
         of their shared top-10 neighbours (rollout.shadow)."""
 
+    def tokens(self, last_s: int) -> tuple[int, float, dict[int, int]]:
+        """Generated answers the shadow scored over the last `last_s` seconds, the sum of
+        their top-1 token agreements, and their count per mean-KLD bin (rollout.shadow)."""
+
 
 class WindowsMetrics:
     """The ramp's metrics from the per-arm windows (and shadow agreement) in Redis; pass the
@@ -79,6 +83,10 @@ class WindowsMetrics:
     def recall(self, last_s: int) -> tuple[int, int]:
         stats = self._shadow(last_s)
         return stats.recall_queries, stats.recall_hits
+
+    def tokens(self, last_s: int) -> tuple[int, float, dict[int, int]]:
+        stats = self._shadow(last_s)
+        return stats.token_responses, stats.token_agree_sum, dict(stats.token_bins)
 
     def _shadow(self, last_s: int) -> ShadowStats:
         """`Windows.shadow(last_s)`, reading only the seconds not settled in memory."""

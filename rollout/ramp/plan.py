@@ -93,6 +93,15 @@ class Gates(BaseModel):
         None, ge=0, le=1, description="embed pairs: the share of the baseline vector's top-10 "
         "neighbours in the shadow's reservoir the optimized vector also finds, judged on an "
         "anytime 95 % confidence sequence (rollout.ramp.gates); needs min_agreement_pairs")
+    max_kld: float | None = Field(
+        None, gt=0, le=0.1, description="generate: the mean KL divergence (baseline || "
+        "optimized, nats) of the answers the shadow scored, each answer's mean per token "
+        "clipped at 10x this, judged on an anytime 95 % confidence sequence "
+        "(rollout.ramp.gates); needs min_agreement_pairs scored answers")
+    min_token_agreement: float | None = Field(
+        None, ge=0, le=1, description="generate: the mean share of an answer's positions whose "
+        "most likely tokens both arms agree on, judged on an anytime 95 % confidence sequence "
+        "(rollout.ramp.gates); needs min_agreement_pairs scored answers")
     error_rate_delta: float | None = Field(None, ge=0, le=1)
     timeout_rate: float | None = Field(None, ge=0, le=1)
     p99_ratio: float | None = Field(None, ge=1, le=1000)
@@ -115,8 +124,8 @@ class Gates(BaseModel):
     @model_validator(mode="after")
     def _some_gate(self):
         names = ("agreement_lower_bound", "confident_flip_rate", "worst_slice_agreement",
-                 "min_recall_at_10", "error_rate_delta", "timeout_rate", "p99_ratio", "p99_ms",
-                 "fallback_rate", "realized_speedup")
+                 "min_recall_at_10", "max_kld", "min_token_agreement", "error_rate_delta",
+                 "timeout_rate", "p99_ratio", "p99_ms", "fallback_rate", "realized_speedup")
         if all(getattr(self, name) is None for name in names):
             raise ValueError(f"give at least one gate ({', '.join(names)})")
         return self

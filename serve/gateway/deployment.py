@@ -19,6 +19,7 @@ path is the same.
 """
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -182,8 +183,8 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         self.watcher.start()
         self.generation = await Generation.open(  # a causal LM's doors (serve.gateway.generation)
             handles, settings, settings, settings, self.idempotency, self._route,
-            self.telemetry.meter, {arm: info["version"] for arm, info in self.models.items()}) \
-            if TASK in self.tasks else None
+            self.telemetry.meter, {arm: info["version"] for arm, info in self.models.items()},
+            self._offer_tokens) if TASK in self.tasks else None
         self.grpc = await serve_grpc(self, settings)  # the OIP over gRPC (serve.gateway.protocols)
         await asyncio.to_thread(check_redis_memory, self.idempotency, self.store)
         observe_store_errors(self.telemetry.meter, lambda: {
@@ -448,6 +449,22 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
         response = ex.door.answer(body, answer.tokens, parsed)  # in its protocol's shape
         response.headers.update(headers)
         return response, stored
+
+    def _offer_tokens(self, opened, tokens: list[int], ex) -> None:
+        """A generated answer's shadow offer (serve.gateway.shadow `offer_tokens`), judged
+        safe on the state as it is now, as `_offer_shadow`; a bug here is logged."""
+        if not self.shadow.enabled:
+            return
+        try:
+            view = self.watcher.view()
+            _, override = effective_bp(view.state, stale=view.stale, serving=self.serving)
+            self.shadow.offer_tokens(
+                answered=opened.arm, prompt=opened.prompt_text,
+                score=functools.partial(self.generation.score, opened.prompt, tokens),
+                prompt_tokens=len(opened.prompt), in_flight=self.in_flight, override=override,
+                parent=ex.obs.context)
+        except Exception:
+            log.exception("starting a shadow comparison failed (the response is not affected)")
 
     def _offer_shadow(self, obs: Observation, result: ModelAnswer, texts: list[str],
                       task: str, headers=None) -> None:

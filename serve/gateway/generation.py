@@ -19,8 +19,10 @@ deadline ends the stream with an error event in OpenAI's shape (the `openai` SDK
 A whole answer (no `stream`) may carry an `Idempotency-Key`; a stream cannot be replayed, so a
 key on one is refused (400).
 
-The shadow does not compare generated answers yet: every answered request is counted as
-skipped (`shadow_skipped`, in `GET /v1/rollout`).
+An answer that ends normally with tokens is offered to the shadow (serve.gateway.shadow
+`offer_tokens`, through `offer`): sampled, it is scored off the response path by `score`, the
+optimized replica's log-probabilities of the answered tokens, teacher-forced, compared by the
+baseline replica with its own (serve.replica.generate_server), whichever arm answered.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class Opened:
     first_ns: int = 0
     tokenized: tuple[int, int] = (0, 0)  # time_ns of the prompt's tokenizing
     call: Any = None  # the observation's model call (its span, from the call to the end)
+    prompt: list[int] = dataclasses.field(default_factory=list)
+    prompt_text: str = ""  # what the prompt's slices are read from
 
     def cancel(self) -> None:
         with contextlib.suppress(Exception):
@@ -101,11 +105,13 @@ class Tally:
     text: list[str] = dataclasses.field(default_factory=list)
     last: dict | None = None
     token_at: list[float] = dataclasses.field(default_factory=list)
+    tokens: list[int] = dataclasses.field(default_factory=list)
 
     def add(self, event: dict) -> None:
         self.text.append(event["text"])
         if event["token"] is not None:
             self.token_at.append(time.perf_counter())
+            self.tokens.append(event["token"])
         if event["finish"] is not None:
             self.last = event
 
@@ -134,28 +140,29 @@ class Generation:
 
     def __init__(self, handles: dict[Arm, Any], tokenizer, serving: ServingSettings,
                  state: StateSettings, idempotency: Idempotency, route: Callable, meter,
-                 versions: dict[Arm, str] | None = None):
+                 versions: dict[Arm, str] | None = None, offer: Callable | None = None):
         self.handles, self.tokenizer, self.versions = handles, tokenizer, versions or {}
+        self.offer = offer  # the gateway's shadow offer (Gateway._offer_tokens), or none
         self.canary_share = serving.canary_timeout_fraction
         self.operator_token = state.operator_token
         self.idempotency, self.route = idempotency, route
         self.infos: dict[str, dict] = {}  # per arm, its replica's last `info()` (`poll`)
         self.metrics = TokenMetrics(meter, lambda: self.infos)
-        self.shadow_skipped = 0
 
     @classmethod
     async def open(cls, handles: dict[Arm, Any], models: ModelSettings,
                    serving: ServingSettings, state: StateSettings, idempotency: Idempotency,
-                   route: Callable, meter, versions: dict[Arm, str]) -> Generation:
+                   route: Callable, meter, versions: dict[Arm, str],
+                   offer: Callable | None = None) -> Generation:
         """The path with the baseline folder's tokenizer, its gauges kept fresh; `versions`:
-        each arm's model version."""
+        each arm's model version; `offer`: the shadow's."""
         from transformers import AutoTokenizer
 
         folder = model_dir(models, "baseline", generative=True)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, folder,
                                             local_files_only=True)
         generation = cls(handles, tokenizer, serving, state, idempotency, route, meter,
-                         versions)
+                         versions, offer)
         generation.polling = asyncio.get_running_loop().create_task(generation.poll())
         return generation
 
@@ -182,7 +189,7 @@ class Generation:
                                  "requests", status=422)
             overridden = override_allowed(self.operator_token, request.headers)
             tokenizing = time.time_ns()
-            call, prompt = self._parse(body, ex)
+            call, prompt, text = self._parse(body, ex)
             tokenized = (tokenizing, time.time_ns())
             key = request.headers.get("idempotency-key")
             if call.stream and key is not None:
@@ -193,10 +200,10 @@ class Generation:
                 def render(text: str, last: Event, _: Opened) -> dict:
                     return orjson.loads(Answer(call, ex.rid).body(text, last))
 
-                return await self._whole(key, body, (prompt, call.sampling, tokenized), render,
-                                         decision, ex)
+                return await self._whole(key, body, (prompt, call.sampling, tokenized, text),
+                                         render, decision, ex)
             opened = await self._open(decision.arm, prompt, call.sampling, ex)
-            opened.tokenized = tokenized
+            opened.tokenized, opened.prompt_text = tokenized, text
         except GatewayError as exc:
             return ex.failed(exc)
         except BaseException as exc:
@@ -207,8 +214,8 @@ class Generation:
                                  media_type="text/event-stream",
                                  headers=self._headers(opened, decision.label, ex))
 
-    def _parse(self, body: bytes, ex: Exchange) -> tuple[GenerateCall, list[int]]:
-        """The request and its prompt as token ids (400 naming the field)."""
+    def _parse(self, body: bytes, ex: Exchange) -> tuple[GenerateCall, list[int], str]:
+        """The request, its prompt as token ids (400 naming the field) and as text."""
         door: CompletionsDoor = ex.door
         call = door.call(body)
         try:
@@ -221,7 +228,7 @@ class Generation:
         except BadPrompt as exc:
             raise BadRequest(str(exc), param="messages" if call.chat else "prompt") from None
         ex.obs.parsed([text], TASK)
-        return call, prompt
+        return call, prompt, text
 
     async def _native(self, request: Request, body: bytes, ex: Exchange) -> Response:
         """`POST /v1/predict` with the task generate (or none): one prompt, its `parameters`
@@ -250,15 +257,16 @@ class Generation:
                     "fallback": opened.fallback, "routing": decision.label}
 
         return await self._whole(request.headers.get("idempotency-key"), body,
-                                 (prompt, sampling, tokenized), render, decision, ex)
+                                 (prompt, sampling, tokenized, parsed.inputs[0]), render,
+                                 decision, ex)
 
     async def _whole(self, key: str | None, body: bytes,
-                     asked: tuple[list[int], Sampling, tuple[int, int]], render: Callable,
-                     decision, ex: Exchange) -> Response:
+                     asked: tuple[list[int], Sampling, tuple[int, int], str],
+                     render: Callable, decision, ex: Exchange) -> Response:
         """The answer as one body (`render(text, last event, opened)`), under its
         Idempotency-Key when it has one. `asked`: the prompt, its sampling, when it was
-        tokenized."""
-        prompt, sampling, tokenized = asked
+        tokenized, its text."""
+        prompt, sampling, tokenized, text = asked
         async with self.idempotency.claim(key, TASK, [body.decode("utf-8", "replace")]) \
                 as claim:
             if claim.replay is not None:
@@ -268,7 +276,7 @@ class Generation:
                 return JSONBody(stored["body"], status_code=stored["status"],
                                 headers={**stored["headers"], **REPLAYED})
             opened = await self._open(decision.arm, prompt, sampling, ex)
-            opened.tokenized = tokenized
+            opened.tokenized, opened.prompt_text = tokenized, text
             try:
                 tally = await self._drain(opened, ex)
                 if tally.last["finish"] not in ENDS:
@@ -362,7 +370,7 @@ class Generation:
         events = self.handles[arm].options(stream=True).generate.remote(
             prompt, dataclasses.asdict(sampling), left)
         opened = Opened(arm, {}, events, False, 0.0, called_ns=time.time_ns(),
-                        call=ex.obs.call(arm.value).__enter__())
+                        call=ex.obs.call(arm.value).__enter__(), prompt=prompt)
         try:
             opened.first = await self._first_event(opened, wait)
         except BaseException as exc:
@@ -419,6 +427,14 @@ class Generation:
                                 f"({event['completion_tokens']} tokens)")
         return ModelFailed(f"the {arm.value} model failed: {event.get('error') or 'ended'}")
 
+    async def score(self, prompt: list[int], tokens: list[int], timeout_s: float) -> dict:
+        """The answered `tokens` scored teacher-forced by both arms: the optimized replica's
+        log-probabilities, compared by the baseline replica with its own (its
+        `token_fidelity`), within `timeout_s`."""
+        async with asyncio.timeout(timeout_s):
+            other = self.handles[Arm.OPTIMIZED].logprobs.remote(prompt, tokens)
+            return await self.handles[Arm.BASELINE].token_fidelity.remote(prompt, tokens, other)
+
     def _headers(self, opened: Opened, reason: str, ex: Exchange) -> dict[str, str]:
         first_ms = (opened.first_at - ex.start) * 1000
         return {**id_headers(ex.rid, ex.incoming), "X-Canary-Arm": opened.arm.value,
@@ -449,8 +465,9 @@ class Generation:
             opened.call.__exit__(ModelFailed, failed, None)
         if status == 200:
             ex.obs.generated(timing.queue, timing.model, completion)
-            self.shadow_skipped += 1
             ex.obs.finish(200, arm=opened.arm.value, fallback=opened.fallback)
+            if self.offer is not None and tally.tokens and not opened.fallback:
+                self.offer(opened, list(tally.tokens), ex)
         else:
             ex.obs.finish(status, error_type="client_disconnected" if status == 499
                           else "stream_failed", arm=opened.arm.value, fallback=opened.fallback)

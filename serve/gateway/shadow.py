@@ -28,7 +28,13 @@ One answered request (not a fallback, not an idempotent replay) goes through:
    rollout.shadow; the rule verify applies offline, rollout.retrieval); the baseline vectors
    then join the reservoir. A failure here costs the neighbours of that comparison, never the
    comparison;
-7. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
+7. **generated answers** (`offer_tokens`, task generate): sampled, checked and shed as above;
+   the shadow call is `score(timeout)`, the generative path's (serve.gateway.generation): the
+   optimized replica's log-probabilities of the answered tokens, teacher-forced, compared with
+   the baseline's own by the baseline replica, whichever arm answered (KL(baseline ||
+   optimized) and top-1 token agreement per position, rollout.token_fidelity). The response is
+   filed under its prompt's slices (script, length bucket in tokens, the header);
+8. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
    differ go, after the capture policy and redaction hook of rollout.flips, to the flip stream
    through the same sink. A failing hook or Redis costs a counter, never the comparison.
 
@@ -43,6 +49,10 @@ at most `shadow_max_concurrency` of them per replica; `close()` cancels the outs
     canary.shadow.cosine  histogram  arm: cosine of embed pairs
     canary.shadow.recall_at_10  histogram  arm: an embed pair's shared share of top-10
                                      neighbours in the reservoir (its mean: sum / count)
+    canary.shadow.kld     histogram  arm: a generate response's mean KL(baseline || optimized)
+                                     per token, nats (clipped at 1)
+    canary.shadow.token_agreement  histogram  arm: a generate response's share of positions
+                                     whose most likely tokens agree
     canary.shadow.flips   counter    outcome (captured, too_long, redacted, redact_error):
                                      flipped inputs met by flip capture
 """
@@ -64,8 +74,17 @@ from rollout.flips import FlipCapture, load_redactor
 from rollout.policy import Arm, Reason
 from rollout.retrieval import K
 from rollout.settings import ShadowSettings
-from rollout.shadow import PairOutcome, ShadowItem, ShadowMismatch, compare, shadow_fields
+from rollout.shadow import (
+    KLD_EDGES,
+    PairOutcome,
+    ShadowItem,
+    ShadowMismatch,
+    compare,
+    shadow_fields,
+    token_fields,
+)
 from rollout.slices import HeaderValues, slices_of, tokens_per_input
+from rollout.token_fidelity import ResponseFidelity
 from serve.common.answer import ModelAnswer
 from serve.gateway.reservoir import Reservoir
 from serve.telemetry.observe import call_outcome
@@ -77,6 +96,9 @@ log = logging.getLogger("canary.shadow")
 ShadowCall = Callable[[Arm, list[str], str, float, dict | None], Awaitable[ModelAnswer]]
 COSINE_BOUNDS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999, 0.999999)
 RECALL_BOUNDS = (0.05, 0.25, 0.45, 0.65, 0.75, 0.85, 0.95)  # between the tenths a pair takes
+AGREEMENT_BOUNDS = (0.5, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.999)
+# timeout (s) -> the teacher-forced comparison (serve.gateway.generation.Generation.score)
+TokenScore = Callable[[float], Awaitable[dict]]
 
 
 class ShadowMetrics:
@@ -95,6 +117,12 @@ class ShadowMetrics:
             "canary.shadow.recall_at_10", "1", "share of the baseline vector's top-10 "
             "neighbours in the reservoir the optimized vector's top-10 also holds",
             explicit_bucket_boundaries_advisory=RECALL_BOUNDS)
+        self.kld = meter.create_histogram(
+            "canary.shadow.kld", "nat", "a generate response's mean KL divergence (baseline "
+            "|| optimized) per token, clipped at 1", explicit_bucket_boundaries_advisory=KLD_EDGES)
+        self.token_agreement = meter.create_histogram(
+            "canary.shadow.token_agreement", "1", "a generate response's share of positions "
+            "whose most likely tokens agree", explicit_bucket_boundaries_advisory=AGREEMENT_BOUNDS)
 
     def record(self, arm: str, outcome: str, pairs: Sequence[PairOutcome]) -> None:
         self.calls.add(1, {"arm": arm, "outcome": outcome})
@@ -187,6 +215,32 @@ class Shadow:
         """Maybe shadow one answered request; what happened: `off`, `unsampled`, `unsafe`,
         `shed` or `started`. `header`: the request's CANARY_SLICE_HEADER value. Never awaits;
         must be called on the gateway's event loop."""
+        target = self._admit(answered, in_flight, result.queue, override)
+        if not isinstance(target, Arm):
+            return target
+        header = self.header_values.admit(header)
+        self._start(self._run(target, answered, result, list(texts), task, parent, request_id,
+                              header))
+        return "started"
+
+    def offer_tokens(self, *, answered: Arm, score: TokenScore, prompt: str,
+                     prompt_tokens: int, in_flight: int, override: Reason | None,
+                     parent=None, header: str | None = None) -> str:
+        """Maybe score one generated answer (module docstring, 7), as `offer` does."""
+        target = self._admit(answered, in_flight, 0, override)
+        if not isinstance(target, Arm):
+            return target
+        try:
+            slices = slices_of(prompt, prompt_tokens, None, self.header_values.admit(header))
+        except Exception:
+            log.exception("slicing a generated answer failed (it is scored without slices)")
+            slices = ()
+        self._start(self._run_tokens(target, answered, score, slices, parent))
+        return "started"
+
+    def _admit(self, answered: Arm, in_flight: int, queue: int,
+               override: Reason | None) -> Arm | str:
+        """The arm to shadow, or why not: `off`, `unsampled`, `unsafe`, `shed` (counted)."""
         settings = self.settings
         if not self.enabled:
             return "off"
@@ -195,17 +249,16 @@ class Shadow:
         if override is not None:
             return "unsafe"
         target = Arm.OPTIMIZED if answered is Arm.BASELINE else Arm.BASELINE
-        if (in_flight > settings.shadow_shed_in_flight
-                or result.queue > settings.shadow_shed_queue
+        if (in_flight > settings.shadow_shed_in_flight or queue > settings.shadow_shed_queue
                 or self.active >= settings.shadow_max_concurrency):
             self._record(target, "shed", shadow_fields(shed=1))
             return "shed"
-        header = self.header_values.admit(header)
-        job = asyncio.get_running_loop().create_task(
-            self._run(target, answered, result, list(texts), task, parent, request_id, header))
+        return target
+
+    def _start(self, work) -> None:
+        job = asyncio.get_running_loop().create_task(work)
         self.tasks.add(job)
         job.add_done_callback(self._done)
-        return "started"
 
     def _done(self, job: asyncio.Task) -> None:
         self.tasks.discard(job)
@@ -249,6 +302,42 @@ class Shadow:
         self._record(target, "ok", shadow_fields(pairs, calls=1), pairs)
         if agreed and not all(agreed):
             self._capture(task, texts, baseline, optimized, pairs, request_id)
+
+    async def _run_tokens(self, target: Arm, answered: Arm, score: TokenScore,
+                          slices: tuple[str, ...], parent) -> None:
+        span = self.telemetry.tracer.start_span("shadow", context=parent, attributes={
+            "canary.arm": target.value, "canary.shadow.of": answered.value})
+        try:
+            scored = await score(self.settings.shadow_timeout_s)
+            response = ResponseFidelity(
+                tuple(scored["kld"]), tuple(scored["same_top"]),
+                sum(scored["reference_nll"]), sum(scored["other_nll"]), slices)
+        except asyncio.CancelledError:
+            span.set_attribute("canary.shadow.outcome", "cancelled")
+            span.end()
+            raise
+        except Exception as exc:  # the shadowed arm failed: counted, never the client's problem
+            outcome = _outcome(exc)
+            log.warning("scoring a generated answer on the %s model: %s: %s", target.value,
+                        outcome, exc)
+            span.set_attribute("canary.shadow.outcome", outcome)
+            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"[:200]))
+            span.end()
+            self._record(target, outcome, shadow_fields(errors=1))
+            return
+        span.set_attribute("canary.shadow.outcome", "ok")
+        span.set_attribute("canary.shadow.tokens", response.tokens)
+        span.set_attribute("canary.shadow.kld", round(response.mean_kld, 6))
+        span.set_attribute("canary.shadow.token_agreement", round(response.agreement, 6))
+        span.end()
+        self._record(target, "ok", token_fields(response) if response.tokens
+                     else shadow_fields(calls=1))
+        try:
+            if response.tokens:
+                self.metrics.kld.record(response.mean_kld, {"arm": target.value})
+                self.metrics.token_agreement.record(response.agreement, {"arm": target.value})
+        except Exception:
+            log.exception("recording a shadow comparison failed")
 
     def _capture(self, task: str, texts: list[str], baseline: ModelAnswer, optimized: ModelAnswer,
                  pairs: Sequence[PairOutcome], request_id: str) -> None:

@@ -59,8 +59,6 @@ class StatusRoutes:
                        for route in state.routes],
             "routes_applied": bool(state.routes) and override is not Reason.KILL_SWITCH
             and not view.stale,
-            # generative answers the shadow did not compare (it compares encoders' only)
-            "shadow_skipped": getattr(self.generation, "shadow_skipped", 0),
         }
 
     @router.get("/metrics")

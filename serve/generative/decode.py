@@ -10,6 +10,10 @@ Each sequence hears of its tokens and its end through its own `emit`, called on 
 thread: an event per token (its text may be empty while a character or a possible stop string
 is incomplete), then one that ends it.
 
+Other work on the model (the shadow's teacher-forced scoring) is handed to the loop with `call`
+and runs on its thread before the next step, so the loop's thread stays the replica's only
+torch work.
+
 A forward that runs out of memory fails the sequence it was for (a prefill of several is tried
 again one by one), or the newest running sequence (a decode step, retried without it): the others
 go on.
@@ -22,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -65,6 +70,7 @@ class DecodeLoop:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.batch = PaddedBatch()
+        self.jobs: deque[tuple[Callable[[], object], Future]] = deque()
         self._wake = threading.Condition()
 
     def submit(self, sequence: Sequence) -> Sequence:
@@ -89,6 +95,15 @@ class DecodeLoop:
             self._wake.notify()
         return sequence
 
+    def call(self, job: Callable[[], object]) -> Future:
+        """Runs `job` on the loop's thread before its next step; its result (or exception)
+        comes in the returned future."""
+        future: Future = Future()
+        with self._wake:
+            self.jobs.append((job, future))
+            self._wake.notify()
+        return future
+
     def cancel(self, sequence: Sequence) -> None:
         """The sequence ends ("cancelled") and frees its cache at the next step."""
         sequence.cancelled = True
@@ -106,16 +121,18 @@ class DecodeLoop:
                 continue
             if not busy:
                 with self._wake:
-                    if not self.waiting and not self.running:
+                    if not self.waiting and not self.running and not self.jobs:
                         self._wake.wait(idle_s)
 
     def step(self) -> bool:
-        """One iteration: leave, join, decode. Whether there was anything to do."""
+        """One iteration: the jobs handed over, then leave, join, decode. Whether there was
+        anything to do."""
+        ran = self._jobs()
         self._leave()  # cancelled or late since the last step
         self._join()
         self._leave()  # those that ended on their first token
         if not self.running:
-            return bool(self.waiting)
+            return bool(self.waiting) or ran
         self._decode()
         self._leave()  # those that ended on this step's token: their cache is freed now
         return True
@@ -137,6 +154,21 @@ class DecodeLoop:
             self._end(sequence, finish, error)
         self.running, self.batch = [], PaddedBatch()
         self.budget.holds(0)
+
+    def _jobs(self) -> bool:
+        """Runs the jobs handed over since the last step; whether there were any."""
+        ran = False
+        while self.jobs:
+            job, future = self.jobs.popleft()
+            ran = True
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                with torch.inference_mode():
+                    future.set_result(job())
+            except Exception as exc:  # the job's caller hears of it; the loop goes on
+                future.set_exception(exc)
+        return ran
 
     @property
     def sequences_waiting(self) -> int:

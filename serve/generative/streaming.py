@@ -63,6 +63,10 @@ class Runner:
             last = event
         return "".join(pieces), tokens, last
 
+    async def call(self, job):
+        """`job()` run on the loop's thread between two steps (DecodeLoop.call)."""
+        return await asyncio.wrap_future(self.loop.call(job))
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops the loop's thread; running sequences end as cancelled."""
         self._stopping.set()

@@ -26,6 +26,7 @@ from ray import serve
 from rollout.settings import Settings
 from serve.common.quiet import quiet
 from serve.generative.decode import DecodeLoop, Sampling
+from serve.generative.fidelity import compare, continuation_logits
 from serve.generative.kv import KvBudget, KvCost
 from serve.generative.streaming import Runner
 from serve.recipes import recipe_for
@@ -94,6 +95,27 @@ class GenerateServer:
                 yield asdict(event)
         finally:  # cancelled, or closed between two events: the sequence is freed now
             await stream.aclose()
+
+    async def logprobs(self, prompt: list[int], continuation: list[int]):
+        """This arm's log-probabilities (fp32, positions x vocabulary) at every position of
+        `continuation` after `prompt`, teacher-forced in one forward on the loop's thread: what
+        the other arm's `token_fidelity` compares with its own."""
+        return await self.runner.call(lambda: continuation_logits(
+            self.model, prompt, continuation).log_softmax(-1))
+
+    async def token_fidelity(self, prompt: list[int], continuation: list[int],
+                             other) -> dict:
+        """This arm (the reference) against `other`'s log-probabilities on the same tokens
+        (serve.generative.fidelity.compare): per position, KL(this || other) and whether the
+        most likely tokens agree; the continuation's negative log-likelihood under each."""
+        def job() -> dict:
+            mine = continuation_logits(self.model, prompt, continuation)
+            if mine.shape != other.shape:
+                raise ValueError(f"the other arm's log-probabilities are {tuple(other.shape)}, "
+                                 f"this arm's {tuple(mine.shape)}: their vocabularies differ")
+            return asdict(compare(mine, other, continuation))
+
+        return await self.runner.call(job)
 
     def check_health(self) -> None:
         if not self.runner.alive:

@@ -109,7 +109,6 @@ def test_the_sdk_completes_whole_and_streamed_on_the_baseline(lm, model):
         time.sleep(0.1)
     assert generation["tokens"] >= 2 * completion.usage.completion_tokens
     assert generation["first_token_p50_ms"] > 0
-    assert lm.served_state()["shadow_skipped"] >= 2  # counted, not compared
     chat = client.chat.completions.create(
         model=name, messages=[{"role": "user", "content": "Local news today"}],
         max_completion_tokens=8, temperature=0)

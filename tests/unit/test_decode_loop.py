@@ -286,3 +286,29 @@ def _wait(condition, seconds: float = 20) -> None:
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_work_handed_to_the_loop_runs_on_its_thread_between_steps(lm):
+    loop = loop_of(lm)
+    stopping = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stopping,), daemon=True)
+    thread.start()
+    try:
+        model, tokenizer = lm
+        heard = Heard()
+        loop.submit(Sequence(tokenizer(PROMPTS[0])["input_ids"],
+                             Sampling(max_tokens=40, temperature=0), heard))
+        ran_on = loop.call(lambda: (threading.current_thread().name,
+                                    torch.is_inference_mode_enabled())).result(timeout=10)
+        assert ran_on == (thread.name, True)  # the loop's thread, no autograd
+        with pytest.raises(ZeroDivisionError):  # the caller hears of a failed job
+            loop.call(lambda: 1 / 0).result(timeout=10)
+        assert loop.call(lambda: "still running").result(timeout=10) == "still running"
+        deadline = time.monotonic() + 10
+        while heard.finish is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert heard.finish.finish in ("stop", "length")  # undisturbed by the failed job
+    finally:
+        stopping.set()
+        thread.join(5)

@@ -97,3 +97,22 @@ def test_auto_and_encoder_only_recipes_are_refused_naming_what_builds_a_causal_l
     assert kv_dtype_bytes(build(copy.deepcopy(model), "bf16")) == 2
     assert kv_dtype_bytes(build(copy.deepcopy(model), "int8-dynamic")) == 4  # float KV
     assert kv_dtype_bytes(model) == 4 and next(model.parameters()).dtype == torch.float32
+
+
+def test_the_shadow_cost_bench_writes_a_row_per_length_and_refuses_bad_options(
+        small_lm, tmp_path, capsys):
+    from ops.bench import shadow_tokens
+    out = tmp_path / "rows.json"
+    assert shadow_tokens.main(["--model", str(small_lm), "--tokens", "4,8", "--batch", "2",
+                               "--rounds", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [row["tokens"] for row in rows] == [4, 8]
+    assert all(row["scoring_ms"] > 0 and row["share_of_alone"] ==
+               row["scoring_ms"] / row["generation_alone_ms"] for row in rows)
+    assert "% of alone" in capsys.readouterr().out
+    for options, says in ((["--tokens", "0"], "must be >= 1"),
+                          (["--tokens", "600"], "past the model's context"),
+                          (["--tokens", "x"], "whole numbers")):
+        with pytest.raises(SystemExit):
+            shadow_tokens.main(["--model", str(small_lm), "--rounds", "1", *options])
+        assert says in capsys.readouterr().err

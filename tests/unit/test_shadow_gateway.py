@@ -355,3 +355,58 @@ def test_pairs_are_counted_per_slice_with_the_header_value_capped():
     assert len(headers) == 33 and stats.slices["header:other"] == (20, 10, 10)
     assert len(values.seen) == 32
     assert stats.slice_rows(min_pairs=30)[0].slice == "script:han"
+
+
+def scored(kld: list[float], same: list[bool]) -> dict:
+    return {"kld": kld, "same_top": same, "reference_nll": [0.5] * len(kld),
+            "other_nll": [0.6] * len(kld)}
+
+
+def test_a_generated_answer_is_scored_by_its_tokens_and_filed_under_its_prompt_slices():
+    timeouts = []
+
+    async def score(timeout):
+        timeouts.append(timeout)
+        return scored([0.002, 0.004, 0.0, 0.002], [True, True, False, True])
+
+    async def scenario():
+        rig = Rig(Model())
+        assert rig.shadow.offer_tokens(answered=Arm.BASELINE, score=score, prompt="Local news",
+                                       prompt_tokens=3, in_flight=1, override=None) == "started"
+        await rig.settle()
+        return rig
+
+    rig = asyncio.run(scenario())
+    stats = rig.stats()
+    assert timeouts == [5.0] and stats.calls == 1 and stats.pairs == 0
+    assert stats.token_responses == 1 and stats.token_tokens == 4
+    assert stats.token_kld == pytest.approx(0.002) and stats.token_agreement == 0.75
+    assert stats.token_slices == {"script:latin": (1, pytest.approx(0.002), 0.75),
+                                  "length:1-16": (1, pytest.approx(0.002), 0.75)}
+    assert stats.kld_outcomes(0.1) == pytest.approx(0.02)  # at its bin's upper edge
+    span = next(s for s in rig.spans.get_finished_spans() if s.name == "shadow")
+    assert span.attributes["canary.shadow.tokens"] == 4
+    assert rig.metric("canary.shadow.calls") == {(("arm", "optimized"), ("outcome", "ok")): 1}
+    rig.close()
+
+
+@pytest.mark.parametrize("error, outcome", [
+    (ModelTimeout("too slow"), "timeout"), (ValueError("vocabularies differ"), "error")])
+def test_a_failing_scorer_is_counted_and_a_killed_canary_never_scored(error, outcome):
+    async def score(timeout):
+        raise error
+
+    async def scenario():
+        rig = Rig(Model())
+        offer = dict(answered=Arm.OPTIMIZED, score=score, prompt="x", prompt_tokens=2,
+                     in_flight=1)
+        assert rig.shadow.offer_tokens(**offer, override=Reason.KILL_SWITCH) == "unsafe"
+        assert rig.shadow.offer_tokens(**offer, override=None) == "started"
+        await rig.settle()
+        return rig
+
+    rig = asyncio.run(scenario())
+    stats = rig.stats()
+    assert (stats.errors, stats.token_responses, stats.calls) == (1, 0, 0)
+    assert rig.metric("canary.shadow.calls") == {(("arm", "baseline"), ("outcome", outcome)): 1}
+    rig.close()

@@ -184,7 +184,8 @@ function gateSliceTable(gates) {
 
 // --- ramp: `rollout ramp status --json` plus `active` ----------------------------------------
 
-const GATE_OPS = { agreement_lower_bound: "≥", realized_speedup: "≥", worst_slice_agreement: "≥" };
+const GATE_OPS = { agreement_lower_bound: "≥", realized_speedup: "≥", worst_slice_agreement: "≥",
+  min_recall_at_10: "≥", min_token_agreement: "≥" };
 // what the two shadow gates' values are (their notes give the counts and the window)
 const GATE_HINTS = {
   agreement_lower_bound: "agreement: lower end of an anytime-valid 95 % confidence sequence over the step",
@@ -192,6 +193,8 @@ const GATE_HINTS = {
   realized_speedup: "baseline ÷ optimized CPU seconds per input over the window, judged on its 99.9 % interval",
   worst_slice_agreement: "the worst slice's lower end of an anytime-valid confidence sequence (alpha split across slices) over the step",
   min_recall_at_10: "embeddings: share of the baseline's top-10 neighbours in the shadow's reservoir the canary also finds, lower end of an anytime-valid 95 % confidence sequence over the step",
+  max_kld: "generated answers: mean KL divergence (baseline ‖ optimized) per token, nats, upper end of an anytime-valid 95 % confidence sequence over the step's scored answers",
+  min_token_agreement: "generated answers: share of positions whose most likely tokens agree, lower end of an anytime-valid 95 % confidence sequence over the step's scored answers",
 };
 
 function renderRamp(r) {
