@@ -98,7 +98,11 @@ _COMMANDS = {
         "choose on); the calibration split's figures are shown beside them. The verdict, with\n"
         "the thresholds, split and set it was judged with, is stored in Redis against the two\n"
         "versions. Exits 1 when a threshold (CANARY_VERIFY_*) is not met. Loading the models\n"
-        "takes seconds; a calibrated recipe builds once (about a minute) and is cached.",
+        "takes seconds; a calibrated recipe builds once (about a minute) and is cached.\n"
+        "A causal LM (the baseline folder holds one) is judged by its tokens instead: the\n"
+        "baseline's greedy continuation of CANARY_VERIFY_PROMPTS prompts scored by both arms\n"
+        "(KL divergence and top-1 token agreement per answer with 95% bounds, by slice;\n"
+        "identical continuations, perplexity, decode tokens/s; docs/generative.md).",
         "examples:\n  rollout verify\n  rollout verify --recipe bf16 --limit 500 --no-store\n"
         "  rollout verify --recipe accuracy-aware --json | jq .agreement_lower_bound\n"
         "  rollout verify --set my-inputs.jsonl   # one JSON object per line: text, label?",
