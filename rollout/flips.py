@@ -12,6 +12,13 @@ and the time. `FlipCapture.records` decides, per flipped input, in this order:
    input (counted `redact_error`) and never breaks the shadow comparison;
 4. otherwise it is kept: `captured`.
 
+A generated answer the shadow scored by its tokens (task `generate`, `FlipCapture.parted`) is
+captured the same way when the two arms' most likely tokens part within its first EARLY_TOKENS
+positions: the record's text is the prompt (as the client sent it; a chat's messages' text
+joined), `parted_at` the first position where they part and `kld` the answer's mean KL
+divergence; it has no labels or margins. Exported, such a row has `kind: "parted"`, and
+`rollout verify --set FILE` gives its text whole as the prompt (ops.verify.token_runner).
+
 Storage (rollout.telemetry.redis_store, written through the telemetry sink, off the response path):
 the stream `rollout:<app>:flips` (Keys.flips), one entry per flip, bounded three ways: XADD
 with `MAXLEN ~ max` (Redis trims whole nodes, so the stream holds about `max` entries, never
@@ -41,6 +48,7 @@ log = logging.getLogger("canary.flips")
 Redactor = Callable[[str], "str | None"]
 HOOK_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 OUTCOMES = ("captured", "too_long", "redacted", "redact_error")
+EARLY_TOKENS = 8  # a generated answer whose arms part within this many tokens is captured
 
 
 class FlipSettingError(ValueError):
@@ -79,6 +87,8 @@ class FlipRecord:
     optimized_margin: float
     baseline_version: str = ""
     optimized_version: str = ""
+    parted_at: int = -1  # generate: the first position whose most likely tokens differ
+    kld: float = 0.0  # generate: the answer's mean KL divergence (baseline || optimized)
     id: str = field(default="", compare=False)
 
     def fields(self) -> dict[str, str]:
@@ -98,7 +108,9 @@ class FlipRecord:
             optimized_label=fields.get("optimized_label", ""),
             optimized_margin=_number(fields.get("optimized_margin")),
             baseline_version=fields.get("baseline_version", ""),
-            optimized_version=fields.get("optimized_version", ""), id=entry_id,
+            optimized_version=fields.get("optimized_version", ""),
+            parted_at=int(_number(fields.get("parted_at", "-1"))),
+            kld=_number(fields.get("kld")), id=entry_id,
         )
 
     def as_dict(self) -> dict:
@@ -128,6 +140,11 @@ class FlipItem:
 def to_regression_row(record: FlipRecord) -> dict:
     """The record as a regression-set line (serve.common.regression): `text` plus metadata, no
     label."""
+    if record.task == "generate":
+        return {"text": record.text, "kind": "parted", "parted_at": record.parted_at,
+                "kld": round(record.kld, 6), "baseline_version": record.baseline_version,
+                "optimized_version": record.optimized_version, "task": record.task,
+                "request_id": record.request_id, "ts": record.ts}
     return {
         "text": record.text, "baseline": record.baseline_label,
         "optimized": record.optimized_label,
@@ -179,6 +196,23 @@ class FlipCapture:
                 optimized_label=opt_label, optimized_margin=opt_margin,
                 baseline_version=baseline_version, optimized_version=optimized_version))
         return kept
+
+    def parted(self, *, text: str, same_top: Sequence[bool], kld: float, ts: float,
+               request_id: str = "", baseline_version: str = "",
+               optimized_version: str = "") -> FlipRecord | None:
+        """The record to keep of one scored generated answer (module docstring), if any."""
+        if not self.enabled:
+            return None
+        first = next((i for i, same in enumerate(same_top) if not same), None)
+        if first is None or first >= EARLY_TOKENS:
+            return None
+        kept = self._keep(text)
+        if kept is None:
+            return None
+        return FlipRecord(ts=ts, request_id=request_id, task="generate", text=kept,
+                          baseline_label="", baseline_margin=0.0, optimized_label="",
+                          optimized_margin=0.0, baseline_version=baseline_version,
+                          optimized_version=optimized_version, parted_at=first, kld=kld)
 
     def _keep(self, text: str) -> str | None:
         """The text to keep (after the hook), or None, counting the outcome."""

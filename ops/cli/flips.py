@@ -108,8 +108,11 @@ def _nothing(capture_off: str | None) -> str:
 
 
 def flip_rows(records: Sequence[FlipRecord], columns: int) -> list[str]:
-    """The table, oldest first, the text cut to what the terminal has left."""
-    rows = [(when(r.ts), one_line(r.baseline_label), f"{r.baseline_margin:.4f}",
+    """The table, oldest first, the text cut to what the terminal has left; a generated
+    answer's captured prompt shows where the arms part and its mean KLD."""
+    rows = [(when(r.ts), "generate", f"KLD {r.kld:.4f}", f"parts at token {r.parted_at}", "-",
+             one_line(r.text)) if r.task == "generate" else
+            (when(r.ts), one_line(r.baseline_label), f"{r.baseline_margin:.4f}",
              one_line(r.optimized_label), f"{r.optimized_margin:.4f}", one_line(r.text))
             for r in records]
     headers = ("TIME", "BASELINE", "MARGIN", "OPTIMIZED", "MARGIN", "TEXT")

@@ -11,7 +11,8 @@ configured set, an external set whole, each text once, as for an encoder), at mo
 `verify_prompts` of them evenly spaced, each tokenized as a completion's prompt (the tokenizer's
 BOS included) and cut to the first `verify_prompt_share` of its tokens (at least two): a
 complete sentence's likeliest continuation is its end, half of one leaves the continuation
-something to say (1 gives each text whole: a set of prompts). A prompt that leaves less than
+something to say (1 gives each text whole: a set of prompts; so does a row of `kind: "parted"`,
+a prompt flip capture exported: rollout.flips). A prompt that leaves less than
 `verify_continuation_tokens` of the model's context is left out and counted. The cost, stated
 up front with progress, per prompt:
 
@@ -166,7 +167,8 @@ def _prompts(baseline: Arm, regression: RegressionSet, judged: list[int], settin
     chosen, left_out = [], 0
     for index in picked:
         ids = baseline.tokenizer(regression.texts[index])["input_ids"]
-        ids = ids[:max(min(2, len(ids)), math.ceil(share * len(ids)))]
+        if regression.examples[index].meta.get("kind") != "parted":  # a captured prompt: whole
+            ids = ids[:max(min(2, len(ids)), math.ceil(share * len(ids)))]
         if ids and len(ids) + tokens <= context:
             chosen.append((index, ids))
         else:

@@ -56,9 +56,10 @@ class ShadowSettings(BaseSettings):
     )
     flip_capture: bool = Field(
         False, description="keep the inputs of shadowed classify pairs whose top-1 labels "
-        "differ, with both labels and margins, in the Redis stream `rollout:<app>:flips` "
-        "([Flip capture and replay](operator-guide.md#flip-capture-and-replay)); off by "
-        "default: inputs are user data",
+        "differ, with both labels and margins, and the prompts of scored generated answers "
+        "whose arms' most likely tokens part within 8 tokens, in the Redis stream "
+        "`rollout:<app>:flips` ([Flip capture and replay](operator-guide.md#flip-capture-and-"
+        "replay)); off by default: inputs and prompts are user data",
     )
     flip_capture_max: int = Field(
         10_000, ge=10, le=1_000_000, description="flips kept (the stream's approximate "

@@ -462,7 +462,9 @@ class Gateway(DashboardRoutes, ProtocolRoutes, StatusRoutes):
                 answered=opened.arm, prompt=opened.prompt_text,
                 score=functools.partial(self.generation.score, opened.prompt, tokens),
                 prompt_tokens=len(opened.prompt), in_flight=self.in_flight, override=override,
-                parent=ex.obs.context)
+                parent=ex.obs.context, request_id=ex.rid,
+                versions=(self.models[Arm.BASELINE]["version"],
+                          self.models[Arm.OPTIMIZED]["version"]))
         except Exception:
             log.exception("starting a shadow comparison failed (the response is not affected)")
 

@@ -33,7 +33,9 @@ One answered request (not a fallback, not an idempotent replay) goes through:
    optimized replica's log-probabilities of the answered tokens, teacher-forced, compared with
    the baseline's own by the baseline replica, whichever arm answered (KL(baseline ||
    optimized) and top-1 token agreement per position, rollout.token_fidelity). The response is
-   filed under its prompt's slices (script, length bucket in tokens, the header);
+   filed under its prompt's slices (script, length bucket in tokens, the header); with flip
+   capture on, a prompt whose arms part within the answer's first tokens is captured
+   (rollout.flips `FlipCapture.parted`);
 8. **flip capture** (`CANARY_FLIP_CAPTURE`, off by default): the inputs whose top-1 labels
    differ go, after the capture policy and redaction hook of rollout.flips, to the flip stream
    through the same sink. A failing hook or Redis costs a counter, never the comparison.
@@ -225,8 +227,10 @@ class Shadow:
 
     def offer_tokens(self, *, answered: Arm, score: TokenScore, prompt: str,
                      prompt_tokens: int, in_flight: int, override: Reason | None,
-                     parent=None, header: str | None = None) -> str:
-        """Maybe score one generated answer (module docstring, 7), as `offer` does."""
+                     parent=None, header: str | None = None, request_id: str = "",
+                     versions: tuple[str, str] = ("", "")) -> str:
+        """Maybe score one generated answer (module docstring, 7), as `offer` does;
+        `versions`: the baseline's and the optimized arm's, for a captured prompt."""
         target = self._admit(answered, in_flight, 0, override)
         if not isinstance(target, Arm):
             return target
@@ -235,7 +239,8 @@ class Shadow:
         except Exception:
             log.exception("slicing a generated answer failed (it is scored without slices)")
             slices = ()
-        self._start(self._run_tokens(target, answered, score, slices, parent))
+        self._start(self._run_tokens(target, answered, score, slices, parent,
+                                     (prompt, request_id, *versions)))
         return "started"
 
     def _admit(self, answered: Arm, in_flight: int, queue: int,
@@ -304,7 +309,10 @@ class Shadow:
             self._capture(task, texts, baseline, optimized, pairs, request_id)
 
     async def _run_tokens(self, target: Arm, answered: Arm, score: TokenScore,
-                          slices: tuple[str, ...], parent) -> None:
+                          slices: tuple[str, ...], parent,
+                          asked: tuple[str, str, str, str] = ("", "", "", "")) -> None:
+        """One scored answer; `asked`: its prompt, request id and the two versions (for
+        flip capture)."""
         span = self.telemetry.tracer.start_span("shadow", context=parent, attributes={
             "canary.arm": target.value, "canary.shadow.of": answered.value})
         try:
@@ -338,6 +346,28 @@ class Shadow:
                 self.metrics.token_agreement.record(response.agreement, {"arm": target.value})
         except Exception:
             log.exception("recording a shadow comparison failed")
+        self._capture_parted(response, asked)
+
+    def _capture_parted(self, response: ResponseFidelity, asked: tuple[str, str, str, str]
+                        ) -> None:
+        """A prompt whose arms part early to the flip stream (rollout.flips); never raises."""
+        capture = self.flips
+        if not capture.enabled or self.telemetry.sink is None:
+            return
+        prompt, request_id, baseline_version, optimized_version = asked
+        try:
+            before = dict(capture.counts)
+            record = capture.parted(
+                text=prompt, same_top=response.same_top, kld=response.mean_kld,
+                ts=self.clock.time(), request_id=request_id,
+                baseline_version=baseline_version, optimized_version=optimized_version)
+            for outcome, count in capture.counts.items():
+                if count > before[outcome]:
+                    self.metrics.flips.add(count - before[outcome], {"outcome": outcome})
+            if record is not None:
+                self.telemetry.sink.offer(capture.item(record))
+        except Exception:
+            log.exception("capturing a parted prompt failed (the comparison is recorded)")
 
     def _capture(self, task: str, texts: list[str], baseline: ModelAnswer, optimized: ModelAnswer,
                  pairs: Sequence[PairOutcome], request_id: str) -> None:

@@ -112,3 +112,25 @@ def test_what_cannot_be_compared_is_refused_before_scoring(
     code, _, err = _verify(monkeypatch, small_lm, "--no-store", CANARY_OPTIMIZED_RECIPE="fp32",
                            CANARY_OPTIMIZED_MODEL_PATH=other)
     assert code == 2 and "the arms' tokenizers differ" in err
+
+
+def test_captured_prompts_replay_whole_through_verify(monkeypatch, small_lm, tmp_path):
+    """A set `rollout flips --export` wrote from parted generated answers (rollout.flips): each
+    text is given whole as the prompt, judged as an external set."""
+    from rollout.flips import FlipRecord, to_regression_row
+
+    texts = ["The hospital reviewed the", "Local news: the minister", "Why the mental health"]
+    rows = [to_regression_row(FlipRecord(
+        ts=1.0, request_id=f"r{i}", task="generate", text=text, baseline_label="",
+        baseline_margin=0.0, optimized_label="", optimized_margin=0.0, parted_at=1, kld=0.02))
+        for i, text in enumerate(texts)]
+    path = tmp_path / "parted.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    code, out, err = _verify(monkeypatch, small_lm, "--no-store", "--no-speed", "--json",
+                             "--set", str(path), CANARY_OPTIMIZED_RECIPE="bf16")
+    assert code in (0, 1), err
+    doc = json.loads(out)
+    assert doc["split"] == "external"
+    tokenizer = AutoTokenizer.from_pretrained(small_lm)
+    given = {tuple(r["prompt_ids"]) for r in doc["responses"]}
+    assert given <= {tuple(tokenizer(text)["input_ids"]) for text in texts} and given

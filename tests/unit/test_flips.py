@@ -469,3 +469,31 @@ def test_the_heartbeats_heard_are_those_rollout_status_counts_as_live():
     from rollout.control import DEPLOYMENT_TTL_S
 
     assert REPORTS_TTL_S == DEPLOYMENT_TTL_S
+
+
+def test_a_generated_answer_whose_arms_part_early_is_captured_as_its_prompt():
+    capture = FlipCapture(enabled=True, max_chars=40)
+    early = capture.parted(text="Local news: the", same_top=[True, True, False, True],
+                           kld=0.03, ts=5.0, request_id="r1", baseline_version="fp32-a",
+                           optimized_version="int8-b")
+    assert (early.task, early.text, early.parted_at, early.kld) == (
+        "generate", "Local news: the", 2, 0.03)
+    assert FlipRecord.from_fields("7-0", early.fields()) == early
+    assert capture.parted(text="late", same_top=[True] * 8 + [False], kld=0.1, ts=5.0) is None
+    assert capture.parted(text="same", same_top=[True] * 4, kld=0.0, ts=5.0) is None
+    assert capture.parted(text="x" * 41, same_top=[False], kld=0.1, ts=5.0) is None
+    assert capture.counts["captured"] == 1 and capture.counts["too_long"] == 1
+    assert FlipCapture(enabled=False).parted(text="t", same_top=[False], kld=1.0,
+                                             ts=1.0) is None
+    row = to_regression_row(early)
+    assert row["kind"] == "parted" and row["text"] == "Local news: the"
+    assert row["parted_at"] == 2 and row["task"] == "generate" and "baseline" not in row
+    assert FlipRecord.from_fields("8-0", {"ts": "1", "task": "classify"}).parted_at == -1
+
+
+def test_the_flips_table_shows_where_a_generated_answer_parts():
+    record = FlipCapture(enabled=True).parted(text="Local news: the", same_top=[True, False],
+                                              kld=0.0312, ts=5.0)
+    [_, row] = flip_rows([record], 120)
+    assert "generate" in row and "KLD 0.0312" in row and "parts at token 1" in row
+    assert row.endswith("Local news: the")

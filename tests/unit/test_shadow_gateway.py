@@ -410,3 +410,33 @@ def test_a_failing_scorer_is_counted_and_a_killed_canary_never_scored(error, out
     assert (stats.errors, stats.token_responses, stats.calls) == (1, 0, 0)
     assert rig.metric("canary.shadow.calls") == {(("arm", "baseline"), ("outcome", outcome)): 1}
     rig.close()
+
+
+def test_with_flip_capture_a_prompt_whose_arms_part_early_is_captured():
+    from rollout.flips import FlipItem
+
+    async def parts_early(timeout):
+        return scored([0.01, 0.2, 0.0], [True, False, True])
+
+    async def agrees(timeout):
+        return scored([0.001] * 3, [True] * 3)
+
+    async def scenario():
+        rig = Rig(Model(), flip_capture=True)
+        for score, rid in ((parts_early, "r-early"), (agrees, "r-same")):
+            rig.shadow.offer_tokens(answered=Arm.BASELINE, score=score, prompt=f"prompt {rid}",
+                                    prompt_tokens=4, in_flight=1, override=None,
+                                    request_id=rid, versions=("fp32-a", "int8-b"))
+        await rig.settle()
+        return rig
+
+    rig = asyncio.run(scenario())
+    rig.telemetry.flush()
+    [item] = [i for i in rig.store.items if isinstance(i, FlipItem)]
+    record = item.record
+    assert (record.task, record.text, record.request_id, record.parted_at) == (
+        "generate", "prompt r-early", "r-early", 1)
+    assert (record.baseline_version, record.optimized_version) == ("fp32-a", "int8-b")
+    assert record.kld == pytest.approx(0.07)
+    assert rig.metric("canary.shadow.flips") == {(("outcome", "captured"),): 1}
+    rig.close()
