@@ -116,6 +116,17 @@ class Tally:
             self.last = event
 
 
+def _first_stages(opened: Opened) -> list[tuple[str, int, int]]:
+    """The time to the first token as spans: `queue` (the call reaching the replica and the
+    wait in its decode loop) then `prefill`, as long as the replica measured it, ending when the
+    first token arrived; one `first_token` span where the replica did not say."""
+    prefill = opened.first.get("prefill_ms")
+    if prefill is None:
+        return [("first_token", opened.called_ns, opened.first_ns)]
+    began = max(opened.called_ns, opened.first_ns - int(prefill * 1e6))
+    return [("queue", opened.called_ns, began), ("prefill", began, opened.first_ns)]
+
+
 def native_sampling(parameters: GenerateParameters | None) -> Sampling:
     """`POST /v1/predict`'s `parameters` as the decode loop's sampling (greedy, 16 tokens when
     none are sent)."""
@@ -451,8 +462,7 @@ class Generation:
                               tally.token_at, prompt_tokens, completion)
         timing = StageTiming(preprocess=0.0, queue=(opened.first_at - ex.start) * 1000,
                              model=(now - opened.first_at) * 1000, postprocess=0.0)
-        ex.obs.stages([("tokenize", *opened.tokenized),
-                       ("first_token", opened.called_ns, opened.first_ns),  # queue + prefill
+        ex.obs.stages([("tokenize", *opened.tokenized), *_first_stages(opened),
                        ("decode", opened.first_ns, time.time_ns())],  # detokenizing included
                       **{"canary.arm": opened.arm.value,
                          "canary.completion_tokens": completion})

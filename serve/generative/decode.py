@@ -51,6 +51,8 @@ class Sequence:
     finish: str | None = None
     text: TextStream | None = None
     generator: torch.Generator | None = None
+    submitted: float = 0.0  # the loop's clock when it was submitted, and when its prefill began
+    admitted: float = 0.0
 
     @property
     def length(self) -> int:
@@ -88,6 +90,7 @@ class DecodeLoop:
                             f"cache budget holds {self.budget.capacity_tokens} "
                             f"({self.budget.capacity_bytes:,} bytes)")
         sequence.text = TextStream(self.tokenizer, sequence.sampling.stop)
+        sequence.submitted = self.clock()
         if sequence.sampling.seed is not None:
             sequence.generator = torch.Generator().manual_seed(sequence.sampling.seed)
         with self._wake:
@@ -213,6 +216,9 @@ class DecodeLoop:
     def _prefill(self, joining: list[Sequence]) -> None:
         """Prefills `joining` in one forward and adds them to the batch; where that runs out
         of memory, one by one; a sequence whose own prefill fails ends with the error."""
+        began = self.clock()
+        for sequence in joining:
+            sequence.admitted = began
         try:
             with torch.inference_mode():
                 cache, mask, logits = prefill(self.model, [s.prompt for s in joining])
@@ -251,14 +257,19 @@ class DecodeLoop:
         """Chooses each sequence's next token from its row of `logits` and tells it; ends
         those that are done."""
         greedy = logits.argmax(-1).tolist()
+        now = self.clock()
         for sequence, row, token in zip(sequences, logits, greedy, strict=True):
             if sequence.sampling.temperature > 0:
                 token = choose(row, sequence.sampling, sequence.generator)
             if token in self.eos and not sequence.sampling.ignore_eos:
                 self._end(sequence, "stop")
                 continue
+            first = not sequence.generated
             sequence.generated.append(token)
-            sequence.emit(Event(text=sequence.text.push(token), token=token))  # text may be ""
+            sequence.emit(Event(  # text may be "" (an incomplete character or stop string)
+                text=sequence.text.push(token), token=token,
+                queued_ms=(sequence.admitted - sequence.submitted) * 1000 if first else None,
+                prefill_ms=(now - sequence.admitted) * 1000 if first else None))
             if sequence.text.stopped:
                 self._end(sequence, "stop")
             elif len(sequence.generated) >= sequence.sampling.max_tokens:

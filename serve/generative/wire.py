@@ -21,13 +21,17 @@ class Sampling:
 class Event:
     """A piece of a sequence's answer (`finish` None), or its end: `finish` is "stop" (an EOS
     token or a stop string), "length" (`max_tokens` or the model's context), "cancelled",
-    "timeout" (its deadline) or "error" (`error` says what)."""
+    "timeout" (its deadline) or "error" (`error` says what). A sequence's first token also
+    says how long it waited in the loop before its prefill began (`queued_ms`) and how long
+    that prefill took (`prefill_ms`, shared by the sequences prefilled together)."""
     text: str = ""
     token: int | None = None
     finish: str | None = None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    queued_ms: float | None = None
+    prefill_ms: float | None = None
 
 
 class PromptTooLong(ValueError):

@@ -97,7 +97,7 @@ def test_the_sdk_completes_whole_and_streamed_on_the_baseline(lm, model):
     store = lm.telemetry()
     try:  # the answer's steps, in its trace
         _, spans = lm.wait_for_trace(store, whole.headers["x-request-id"], "tokenize",
-                                     "first_token", "decode", "model.call")
+                                     "queue", "prefill", "decode", "model.call")
     finally:
         store.close()
     decode = next(span for span in spans if span["name"] == "decode")

@@ -312,3 +312,20 @@ def test_work_handed_to_the_loop_runs_on_its_thread_between_steps(lm):
     finally:
         stopping.set()
         thread.join(5)
+
+
+def test_a_first_token_says_how_long_it_queued_and_its_prefill_took(lm):
+    now = [100.0]
+    loop = loop_of(lm, clock=lambda: now[0], max_batch=1)
+    _, tokenizer = lm
+    first, heard_first = submit(loop, tokenizer, PROMPTS[0], max_tokens=3, ignore_eos=True)
+    second, heard_second = submit(loop, tokenizer, PROMPTS[1], max_tokens=3, ignore_eos=True)
+    now[0] += 0.5
+    until_done(loop, [first])  # one at a time: the second waits for the first to finish
+    now[0] += 1.0
+    until_done(loop, [second])
+    opening = [e for e in heard_first.events if e.token is not None]
+    assert opening[0].queued_ms == pytest.approx(500) and opening[0].prefill_ms == 0
+    assert all(e.queued_ms is None and e.prefill_ms is None for e in opening[1:])
+    later = next(e for e in heard_second.events if e.token is not None)
+    assert later.queued_ms == pytest.approx(1500)
