@@ -206,14 +206,8 @@ def token_fields(response: ResponseFidelity, *, calls: int = 1) -> dict[str, flo
 
 def _token_slices(totals: Mapping[str, float]) -> dict[str, tuple[int, float, float]]:
     """Slice -> (responses, summed clipped mean KLD, summed agreement)."""
-    cells: dict[str, list[float]] = {}
-    for name, value in totals.items():
-        if not name.startswith("st:"):
-            continue
-        key, _, counter = name[3:].rpartition(":")
-        if key and counter in _TOKEN_COUNTERS:
-            cells.setdefault(key, [0.0, 0.0, 0.0])[_TOKEN_COUNTERS[counter]] += value
-    return {key: (int(round(n)), kld, agree) for key, (n, kld, agree) in cells.items()}
+    return {key: (int(round(n)), kld, agree)
+            for key, (n, kld, agree) in _per_slice(totals, "st:", _TOKEN_COUNTERS).items()}
 
 
 _TOKEN_COUNTERS = {"n": 0, "kld": 1, "agree": 2}
@@ -232,14 +226,25 @@ def _add_slices(add: Callable[[str], None], pair: PairOutcome) -> None:
 
 def slice_counts(totals: Mapping[str, float]) -> dict[str, tuple[int, int, int]]:
     """Slice -> (pairs, agreed, confident flips) from summed shadow fields."""
-    cells: dict[str, list[int]] = {}
+    cells = _per_slice(totals, "sl:", _SLICE_COUNTERS, whole=True)
+    return {key: (int(n), int(min(agreed, n)), int(min(flips, n)))
+            for key, (n, agreed, flips) in cells.items()}
+
+
+def _per_slice(totals: Mapping[str, float], prefix: str, counters: Mapping[str, int], *,
+               whole: bool = False) -> dict[str, list[float]]:
+    """Slice -> its counters (in `counters`' order) from the summed fields named
+    `<prefix><slice>:<counter>`; a slice's name may hold colons, its counter is the part after
+    the last one. `whole`: each field rounded to a whole count before it is added."""
+    cells: dict[str, list[float]] = {}
     for name, value in totals.items():
-        if not name.startswith("sl:"):
+        if not name.startswith(prefix):
             continue
-        key, _, counter = name[3:].rpartition(":")
-        if key and counter in _SLICE_COUNTERS:
-            cells.setdefault(key, [0, 0, 0])[_SLICE_COUNTERS[counter]] += int(round(value))
-    return {key: (n, min(agreed, n), min(flips, n)) for key, (n, agreed, flips) in cells.items()}
+        key, _, counter = name[len(prefix):].rpartition(":")
+        if key and counter in counters:
+            cells.setdefault(key, [0] * len(counters))[counters[counter]] += (
+                int(round(value)) if whole else value)
+    return cells
 
 
 _SLICE_COUNTERS = {"pairs": 0, "agreed": 1, "cflips": 2}
@@ -313,9 +318,6 @@ class ShadowStats:
     def token_agreement(self) -> float | None:
         """The mean over generate responses of each one's top-1 token agreement."""
         return self.token_agree_sum / self.token_responses if self.token_responses else None
-
-    def kld_outcomes(self, cap: float) -> float:
-        return kld_outcomes(self.token_bins, cap)
 
     @property
     def recall_at_10(self) -> float | None:

@@ -227,9 +227,14 @@ def judge(thresholds: Thresholds, *, agreement: float, lower_bound: float,
         failures.append(f"agreement lower bound {lower_bound:.4f} < {t.min_lower_bound}")
     if cosine_p1 is not None and cosine_p1 < t.min_cosine_p1:
         failures.append(f"cosine p1 {cosine_p1:.4f} < {t.min_cosine_p1}")
-    if speedup is not None and speedup < t.min_speedup:
-        failures.append(f"speedup {speedup:.2f}x < {t.min_speedup}x")
-    return failures
+    return failures + _judge_speedup(t, speedup)
+
+
+def _judge_speedup(thresholds: Thresholds, speedup: float | None) -> list[str]:
+    """The speedup's failure, if measured (not None) and below `min_speedup`."""
+    if speedup is not None and speedup < thresholds.min_speedup:
+        return [f"speedup {speedup:.2f}x < {thresholds.min_speedup}x"]
+    return []
 
 
 def worst_slice(rows: Sequence[SliceRow]) -> SliceRow | None:
@@ -267,10 +272,8 @@ def judge_generation(thresholds: Thresholds, found: TokenFidelity, speedup: floa
     """Rule 8, a causal LM's whole rule: its token fidelity (rollout.token_fidelity: KL
     divergence and top-1 token agreement, overall and per judged slice) and its speedup (None:
     not measured)."""
-    failures = judge_tokens(thresholds.max_kld, thresholds.min_token_agreement, found)
-    if speedup is not None and speedup < thresholds.min_speedup:
-        failures.append(f"speedup {speedup:.2f}x < {thresholds.min_speedup}x")
-    return failures
+    return (judge_tokens(thresholds.max_kld, thresholds.min_token_agreement, found)
+            + _judge_speedup(thresholds, speedup))
 
 
 def bound_only(thresholds: Thresholds, summary: Summary, speedup: float | None,

@@ -233,16 +233,25 @@ def _line(row: dict) -> str:
             f"ITL p50 {value('itl_p50_ms')} p99 {value('itl_p99_ms')} ms  {row['note']}")
 
 
-def parser_for(prog: str, description: str, concurrency: str) -> argparse.ArgumentParser:
-    """The options both in-process generative benches take: --model, --concurrency, --json."""
+def parser_for(prog: str, description: str,
+               concurrency: str | None) -> argparse.ArgumentParser:
+    """The options the in-process generative benches take: --model, --json and, unless
+    `concurrency` is None, --concurrency (its default)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--model", type=Path, required=True,
                         help="a Hugging Face causal-LM folder (e.g. ops.generate.small_lm's)")
-    parser.add_argument("--concurrency", default=concurrency,
-                        help=f"closed-loop clients per cell, comma-separated (default "
-                        f"{concurrency})")
+    if concurrency is not None:
+        parser.add_argument("--concurrency", default=concurrency,
+                            help=f"closed-loop clients per cell, comma-separated (default "
+                            f"{concurrency})")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     return parser
+
+
+def check_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The parser's exit 2 where --model holds no config.json."""
+    if not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no config.json there")
 
 
 def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
@@ -253,8 +262,7 @@ def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[i
         parser.error("--concurrency: comma-separated whole numbers")
     if min(concurrencies) < 1:
         parser.error("--concurrency values must be >= 1")
-    if not (args.model / "config.json").is_file():
-        parser.error(f"--model {args.model}: no config.json there")
+    check_model(parser, args)
     return concurrencies
 
 

@@ -22,7 +22,6 @@ The ratio scoring / generation is the shadow's cost per scored answer; multiplie
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import json
@@ -30,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.bench.generate_loop import prompts
+from ops.bench.generate_loop import check_model, parser_for, prompts
 
 
 def _best(rounds: int, work) -> float:
@@ -97,13 +96,10 @@ def measure(folder: Path, recipe: str, lengths: list[int], batch: int, rounds: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ops.bench.shadow_tokens", description="The shadow's teacher-forced "
-        "scoring of a generated answer beside generating it (alone, and as a share of a "
-        "batch), in this process.")
-    parser.add_argument("--model", type=Path, required=True,
-                        help="a Hugging Face causal-LM folder (e.g. ops.generate.small_lm's)")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser = parser_for(
+        "python -m ops.bench.shadow_tokens", "The shadow's teacher-forced scoring of a "
+        "generated answer beside generating it (alone, and as a share of a batch), in this "
+        "process.", None)
     parser.add_argument("--recipe", default="int8-dynamic-per-channel",
                         help="the optimized arm's recipe (default int8-dynamic-per-channel)")
     parser.add_argument("--tokens", default="16,32,64,128",
@@ -117,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tokens: whole numbers, comma-separated")
     if not lengths or min(lengths) < 1 or min(args.batch, args.rounds) < 1:
         parser.error("--tokens, --batch and --rounds must be >= 1")
-    if not (args.model / "config.json").is_file():
-        parser.error(f"--model {args.model}: no config.json there")
+    check_model(parser, args)
     try:
         rows = measure(args.model, args.recipe, lengths, args.batch, args.rounds, print)
     except ValueError as exc:

@@ -246,6 +246,14 @@ def _read_recall(inputs: GateInputs) -> Reading:
 KLD_CAP = 10  # `max_kld`: an answer's mean KLD counts at most this many times the bar
 
 
+def _few_answers(inputs: GateInputs, responses: int, total: float, threshold: float) -> Reading:
+    """A token gate with fewer scored answers than `min_agreement_pairs`: not ready, its value
+    the mean of `total` over them so far (None without any)."""
+    return Reading(total / responses if responses else None, threshold,
+                   f"{responses}/{inputs.gates.min_agreement_pairs} scored answers in "
+                   f"{inputs.span}", ready=False)
+
+
 def _read_kld(inputs: GateInputs) -> Reading:
     """`max_kld`: the mean over the step's scored answers of each one's mean KL divergence,
     clipped at KLD_CAP x the bar and read at its bin's upper edge (rollout.shadow: never
@@ -258,9 +266,7 @@ def _read_kld(inputs: GateInputs) -> Reading:
     cap = KLD_CAP * threshold
     outcomes = min(kld_outcomes(bins, cap), responses)
     if responses < gates.min_agreement_pairs:
-        return Reading(outcomes * cap / responses if responses else None, threshold,
-                       f"{responses}/{gates.min_agreement_pairs} scored answers in "
-                       f"{inputs.span}", ready=False)
+        return _few_answers(inputs, responses, outcomes * cap, threshold)
     lower, upper = agreement_cs(outcomes, responses, threshold / cap)
     return Reading(upper * cap, threshold, f"anytime 95% CS [{lower * cap:.5f}, "
                    f"{upper * cap:.5f}] nats of KLD {outcomes * cap / responses:.5f} (clipped at "
@@ -276,9 +282,7 @@ def _read_token_agreement(inputs: GateInputs) -> Reading:
     responses, agree, _ = inputs.metrics.tokens(inputs.shadow_s)
     agree = min(agree, responses)
     if responses < gates.min_agreement_pairs:
-        return Reading(agree / responses if responses else None, threshold,
-                       f"{responses}/{gates.min_agreement_pairs} scored answers in "
-                       f"{inputs.span}", ready=False)
+        return _few_answers(inputs, responses, agree, threshold)
     lower, upper = agreement_cs(agree, responses, threshold)
     return Reading(lower, threshold, f"anytime 95% CS [{lower:.4f}, {upper:.4f}] of top-1 token "
                    f"agreement {agree / responses:.4f} over {responses} scored answers in "

@@ -470,15 +470,13 @@ class Generation:
             opened.call.answered(ModelAnswer(opened.arm.value, self.versions.get(opened.arm, ""),
                                              [], prompt_tokens, BatchShape(1, 1), 0, timing))
             opened.call.__exit__(None, None, None)
-        else:
-            failed = ModelFailed(f"the answer ended with status {status}")
-            opened.call.__exit__(ModelFailed, failed, None)
-        if status == 200:
             ex.obs.generated(timing.queue, timing.model, completion)
             ex.obs.finish(200, arm=opened.arm.value, fallback=opened.fallback)
             if self.offer is not None and tally.tokens and not opened.fallback:
-                self.offer(opened, list(tally.tokens), ex)
+                self.offer(opened, tally.tokens, ex)
         else:
+            failed = ModelFailed(f"the answer ended with status {status}")
+            opened.call.__exit__(ModelFailed, failed, None)
             ex.obs.finish(status, error_type="client_disconnected" if status == 499
                           else "stream_failed", arm=opened.arm.value, fallback=opened.fallback)
 

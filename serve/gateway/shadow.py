@@ -145,6 +145,12 @@ def _outcome(exc: BaseException) -> str:
     return "mismatch" if isinstance(exc, ShadowMismatch) else call_outcome(exc)
 
 
+def _cancelled(span) -> None:
+    """A shadow call cancelled (shutdown): its span ends saying so, nothing is counted."""
+    span.set_attribute("canary.shadow.outcome", "cancelled")
+    span.end()
+
+
 def _sliced(pairs: list[PairOutcome], texts: list[str], baseline: ModelAnswer,
             header: str | None) -> list[PairOutcome]:
     """The classify pairs with their inputs' slice keys (see the module docstring); the pairs
@@ -280,16 +286,10 @@ class Shadow:
             if task == "embed":
                 pairs = await with_neighbours(self.reservoir, pairs, baseline, optimized)
         except asyncio.CancelledError:
-            span.set_attribute("canary.shadow.outcome", "cancelled")
-            span.end()
+            _cancelled(span)
             raise
         except Exception as exc:  # the shadowed arm failed: counted, never the client's problem
-            outcome = _outcome(exc)
-            log.warning("shadow call to the %s model: %s: %s", target.value, outcome, exc)
-            span.set_attribute("canary.shadow.outcome", outcome)
-            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"[:200]))
-            span.end()
-            self._record(target, outcome, shadow_fields(errors=1))
+            self._failed(span, target, exc, "shadow call to")
             return
         pairs = _sliced(pairs, texts, baseline, header)
         agreed = [p.agreed for p in pairs if p.agreed is not None]
@@ -321,17 +321,10 @@ class Shadow:
                 tuple(scored["kld"]), tuple(scored["same_top"]),
                 sum(scored["reference_nll"]), sum(scored["other_nll"]), slices)
         except asyncio.CancelledError:
-            span.set_attribute("canary.shadow.outcome", "cancelled")
-            span.end()
+            _cancelled(span)
             raise
         except Exception as exc:  # the shadowed arm failed: counted, never the client's problem
-            outcome = _outcome(exc)
-            log.warning("scoring a generated answer on the %s model: %s: %s", target.value,
-                        outcome, exc)
-            span.set_attribute("canary.shadow.outcome", outcome)
-            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"[:200]))
-            span.end()
-            self._record(target, outcome, shadow_fields(errors=1))
+            self._failed(span, target, exc, "scoring a generated answer on")
             return
         span.set_attribute("canary.shadow.outcome", "ok")
         span.set_attribute("canary.shadow.tokens", response.tokens)
@@ -348,6 +341,16 @@ class Shadow:
             log.exception("recording a shadow comparison failed")
         self._capture_parted(response, asked)
 
+    def _failed(self, span, target: Arm, exc: Exception, what: str) -> None:
+        """A shadow call to `target` that raised: logged, its span ended with the outcome,
+        counted as an error."""
+        outcome = _outcome(exc)
+        log.warning("%s the %s model: %s: %s", what, target.value, outcome, exc)
+        span.set_attribute("canary.shadow.outcome", outcome)
+        span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"[:200]))
+        span.end()
+        self._record(target, outcome, shadow_fields(errors=1))
+
     def _capture_parted(self, response: ResponseFidelity, asked: tuple[str, str, str, str]
                         ) -> None:
         """A prompt whose arms part early to the flip stream (rollout.flips); never raises."""
@@ -361,9 +364,7 @@ class Shadow:
                 text=prompt, same_top=response.same_top, kld=response.mean_kld,
                 ts=self.clock.time(), request_id=request_id,
                 baseline_version=baseline_version, optimized_version=optimized_version)
-            for outcome, count in capture.counts.items():
-                if count > before[outcome]:
-                    self.metrics.flips.add(count - before[outcome], {"outcome": outcome})
+            self._count_flips(before)
             if record is not None:
                 self.telemetry.sink.offer(capture.item(record))
         except Exception:
@@ -383,14 +384,18 @@ class Shadow:
                 ts=self.clock.time(), request_id=request_id,
                 baseline_version=baseline.model_version,
                 optimized_version=optimized.model_version)
-            for outcome, count in capture.counts.items():
-                if count > before[outcome]:
-                    self.metrics.flips.add(count - before[outcome], {"outcome": outcome})
+            self._count_flips(before)
             sink = self.telemetry.sink
             for record in records if sink is not None else ():
                 sink.offer(capture.item(record))
         except Exception:
             log.exception("capturing flipped inputs failed (the comparison is recorded)")
+
+    def _count_flips(self, before: Mapping[str, int]) -> None:
+        """The flip-capture outcomes met since `before` (the capture's counts then)."""
+        for outcome, count in self.flips.counts.items():
+            if count > before[outcome]:
+                self.metrics.flips.add(count - before[outcome], {"outcome": outcome})
 
     def _record(self, target: Arm, outcome: str, fields: Mapping[str, float],
                 pairs: Sequence[PairOutcome] = ()) -> None:

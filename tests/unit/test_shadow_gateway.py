@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rollout import Arm, FakeClock, Reason, Settings
-from rollout.shadow import ShadowItem, aggregate_shadow
+from rollout.shadow import ShadowItem, aggregate_shadow, kld_outcomes
 from serve.common.answer import BatchShape, ModelAnswer, StageTiming
 from serve.common.errors import ModelFailed, ModelTimeout
 from serve.gateway.shadow import Shadow
@@ -383,7 +383,7 @@ def test_a_generated_answer_is_scored_by_its_tokens_and_filed_under_its_prompt_s
     assert stats.token_kld == pytest.approx(0.002) and stats.token_agreement == 0.75
     assert stats.token_slices == {"script:latin": (1, pytest.approx(0.002), 0.75),
                                   "length:1-16": (1, pytest.approx(0.002), 0.75)}
-    assert stats.kld_outcomes(0.1) == pytest.approx(0.02)  # at its bin's upper edge
+    assert kld_outcomes(stats.token_bins, 0.1) == pytest.approx(0.02)  # bin's upper edge
     span = next(s for s in rig.spans.get_finished_spans() if s.name == "shadow")
     assert span.attributes["canary.shadow.tokens"] == 4
     assert rig.metric("canary.shadow.calls") == {(("arm", "optimized"), ("outcome", "ok")): 1}
