@@ -86,11 +86,15 @@ class Thresholds(BaseModel):
 
     def with_margin(self, margin: float) -> Thresholds:
         """These thresholds with every bar of agreement, cosine and recall raised by `margin`
-        (at most 1): `auto`'s judgement on the validation split (serve.recipes.auto.choose)."""
+        (at most 1): `auto`'s judgement on the validation split (serve.recipes.auto.choose).
+        The KL divergence bar, in nats, is lowered by the same share of its budget as the
+        top-1 token agreement's (`margin` of 1 - `min_token_agreement`)."""
         raised = ("min_agreement", "min_lower_bound", "min_cosine_p1", "min_slice_agreement",
-                  "min_recall_at_10")
-        return self.model_copy(update={name: min(1.0, getattr(self, name) + margin)
-                                       for name in raised})
+                  "min_recall_at_10", "min_token_agreement")
+        update = {name: min(1.0, getattr(self, name) + margin) for name in raised}
+        budget = 1.0 - self.min_token_agreement
+        update["max_kld"] = self.max_kld * max(0.0, 1.0 - margin / budget) if budget else 0.0
+        return self.model_copy(update=update)
 
 
 def thresholds_from(settings: VerifySettings) -> Thresholds:

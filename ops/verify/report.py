@@ -33,7 +33,7 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "baseline_version": report.baseline.version,
         "optimized_version": report.optimized.version,
         "recipe": report.optimized.recipe,
-        "auto": _auto(report.optimized),
+        "auto": auto_of(report.optimized),
         "decision": getattr(report.optimized, "decision", None),
         "plan": None if plan is None else {k: plan[k] for k in ("high_precision", "weights",
                                                                  "int8", "kept", "target")},
@@ -73,7 +73,7 @@ def _brief(s: Summary | None) -> dict | None:
                                    "confident_flips": len(s.confident), "judged": False}
 
 
-def _auto(variant) -> dict | None:
+def auto_of(variant) -> dict | None:
     """How `auto` chose the optimized recipe: its one line and every candidate's evidence."""
     choice = getattr(variant, "choice", None)
     if choice is None:
@@ -100,7 +100,7 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
         from serve.recipes.accuracy_aware import describe
 
         lines.append(f"plan       {describe(report.optimized.plan)}")
-    if (auto := _auto(report.optimized)) is not None:
+    if (auto := auto_of(report.optimized)) is not None:
         lines.append(f"recipe     {auto['describe']}")
     lines += ["", f"top-1 agreement  {pct(s.agreement)} ({s.agree}/{s.n}), 95% Wilson interval "
                   f"{pct(s.lower_bound)} - {pct(s.upper_bound)}"]
@@ -130,11 +130,11 @@ def human(report, verdict, thresholds, speed_batch: int) -> list[str]:
             (f"peak growth, batch {b['batch']}", f"{b['peak_mib']:.1f}", f"{o['peak_mib']:.1f}"),
         ])
     outcome = "PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.failures)
-    return lines + ["", f"verdict: {outcome}", *_disagrees(report, verdict),
+    return lines + ["", f"verdict: {outcome}", *auto_disagrees(report, verdict),
                     *_rule(thresholds, speed_batch)]
 
 
-def _disagrees(report, verdict) -> list[str]:
+def auto_disagrees(report, verdict) -> list[str]:
     """Where `auto` served a recipe that fails here: the figure it judged closest to its bar on
     the validation split."""
     choice = getattr(report.optimized, "choice", None)

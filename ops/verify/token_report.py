@@ -4,7 +4,7 @@ the JSON document (no torch here)."""
 from __future__ import annotations
 
 from ops.cli.format import table
-from ops.verify.report import SHOW_SLICES, SPLITS, clip, pct
+from ops.verify.report import SHOW_SLICES, SPLITS, auto_disagrees, auto_of, clip, pct
 from rollout.token_fidelity import KLD_CLIP
 
 SHOW_PARTED = 10  # earliest-parting prompts shown in the table (--json lists every response)
@@ -18,6 +18,7 @@ def document(report, verdict, thresholds, stored: bool) -> dict:
         "baseline_version": report.baseline.version,
         "optimized_version": report.optimized.version,
         "recipe": report.optimized.recipe,
+        "auto": auto_of(report.optimized),
         "set": {"path": report.regression.path, "digest": report.regression.digest,
                 "n": found.n},
         "split": report.split,
@@ -48,6 +49,7 @@ def human(report, verdict, thresholds) -> list[str]:
     lines = [
         f"baseline   {report.baseline.version}",
         f"optimized  {report.optimized.version}",
+        *([f"recipe     {auto['describe']}"] if (auto := auto_of(report.optimized)) else []),
         f"set        {report.regression.path} ({len(report.regression)} inputs, sha256 "
         f"{report.regression.digest})",
         f"judged     {found.n} prompts of {report.sampled_from} (evenly spaced{left}), "
@@ -75,7 +77,7 @@ def human(report, verdict, thresholds) -> list[str]:
     lines += _parted(report)
     lines += _speed(report, thresholds)
     outcome = "PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.failures)
-    return lines + ["", f"verdict: {outcome}"]
+    return lines + ["", f"verdict: {outcome}", *auto_disagrees(report, verdict)]
 
 
 def _slices(rows, thresholds) -> list[str]:

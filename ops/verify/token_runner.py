@@ -32,7 +32,6 @@ second. Memory: each arm's serialized weights and KV cache bytes per token.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,14 +44,14 @@ from rollout.token_fidelity import ResponseFidelity, TokenFidelity, summarize
 from serve.common.quiet import quiet
 from serve.common.regression import RegressionSet, load_set
 from serve.generative.fidelity import (
-    compare,
-    continuation_logits,
-    decode_seconds,
-    first_divergence,
     greedy,
+    judged_prompts,
+    model_context,
+    score_response,
+    tokens_per_second,
 )
 from serve.generative.kv import KvCost
-from serve.recipes import recipe_for
+from serve.recipes.auto.causal import resolve
 from serve.recipes.causal_lm import build
 from serve.recipes.source import ModelSourceError, model_dir, variant_version, weights_digest
 
@@ -68,6 +67,7 @@ class Arm:
     version: str
     model: object
     tokenizer: object
+    choice: object = None  # serve.recipes.auto.choose.Choice when the recipe was `auto`
 
 
 @dataclass
@@ -98,20 +98,21 @@ def applies(settings: Settings) -> bool:
         return False
 
 
-def _arm(settings: Settings, name: str) -> Arm:
+def _arm(settings: Settings, name: str, progress=None) -> Arm:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = model_dir(settings, name, generative=True)
-    recipe = recipe_for(name, settings, "cpu")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    weights = weights_digest(path)
     with quiet():
         fp32 = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32).eval()
         try:
+            recipe, choice = resolve(settings, name, fp32, tokenizer, weights=weights,
+                                     progress=progress)
             model = build(fp32, recipe)
         except ValueError as exc:
             raise ModelSourceError(f"{name} arm: {exc}") from None
-    return Arm(name, path, recipe, variant_version(weights_digest(path), recipe), model,
-               tokenizer)
+    return Arm(name, path, recipe, variant_version(weights, recipe), model, tokenizer, choice)
 
 
 def _check_tokenizers(baseline: Arm, optimized: Arm) -> None:
@@ -130,7 +131,7 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
         bar.stage("loading baseline", 1)
         baseline = _arm(settings, "baseline")
         bar.stage(f"loading {settings.optimized_recipe}", 1)
-        optimized = _arm(settings, "optimized")
+        optimized = _arm(settings, "optimized", progress=lambda step, _: bar.note(step))
         _check_tokenizers(baseline, optimized)
         regression = load_set(set_path or settings.regression_set).limited(limit)
         split = split_of(settings, regression)
@@ -158,21 +159,13 @@ def run(settings: Settings, *, set_path: str | None = None, limit: int | None = 
 def _prompts(baseline: Arm, regression: RegressionSet, judged: list[int], settings: Settings,
              tokens: int) -> tuple[list[tuple[int, list[int]]], int]:
     """At most `verify_prompts` of the `judged` indices, evenly spaced, with their prompt ids
-    (cut to `verify_prompt_share`); and how many of them leave fewer than `tokens` of the
-    model's context."""
-    count, share = settings.verify_prompts, settings.verify_prompt_share
-    step = max(1, len(judged) / count) if judged else 1
-    picked = sorted({judged[int(i * step)] for i in range(min(count, len(judged)))})
-    context = getattr(baseline.model.config, "max_position_embeddings", None) or 2048
-    chosen, left_out = [], 0
-    for index in picked:
-        ids = baseline.tokenizer(regression.texts[index])["input_ids"]
-        if regression.examples[index].meta.get("kind") != "parted":  # a captured prompt: whole
-            ids = ids[:max(min(2, len(ids)), math.ceil(share * len(ids)))]
-        if ids and len(ids) + tokens <= context:
-            chosen.append((index, ids))
-        else:
-            left_out += 1
+    (cut to `verify_prompt_share`, a captured prompt whole); and how many of them leave fewer
+    than `tokens` of the model's context."""
+    context = model_context(baseline.model)
+    chosen, left_out = judged_prompts(
+        baseline.tokenizer, regression.texts, judged, count=settings.verify_prompts,
+        share=settings.verify_prompt_share, tokens=tokens, context=context,
+        whole=lambda index: regression.examples[index].meta.get("kind") == "parted")
     if not chosen:
         raise ModelSourceError(f"no prompt of the set fits the model's context of {context} "
                                f"tokens with {tokens} to generate")
@@ -200,14 +193,9 @@ def _responses(baseline: Arm, optimized: Arm, regression: RegressionSet,
                        text(mine, skip_special_tokens=True))
         if not continuation:  # EOS at once: nothing to score
             continue
-        scored = compare(continuation_logits(baseline.model, prompt, continuation),
-                         continuation_logits(optimized.model, prompt, continuation),
-                         continuation)
-        parted = first_divergence(continuation, mine)
-        found.append(ResponseFidelity(
-            tuple(scored.kld), tuple(scored.same_top), sum(scored.reference_nll),
-            sum(scored.other_nll), slices_of(regression.texts[index], len(prompt), None),
-            parted is None, parted, index))
+        found.append(score_response(
+            baseline.model, optimized.model, prompt, continuation,
+            slices=slices_of(regression.texts[index], len(prompt), None), index=index, own=mine))
     return found, said
 
 
@@ -215,18 +203,11 @@ def _speed(report: GenerateReport, prompts: list[list[int]], batch: int, bar: Ba
     sample = [prompts[i % len(prompts)] for i in range(2 * batch)]
     arms = {"baseline": report.baseline, "optimized": report.optimized}
     bar.stage("throughput", ROUNDS * len(arms))
-    for arm in arms.values():  # warm-up: first shapes, lazy init
-        decode_seconds(arm.model, arm.tokenizer, sample[:2], 2, 2)
-    best = dict.fromkeys(arms, float("inf"))
-    for _ in range(ROUNDS):
-        for name, arm in arms.items():
-            seconds = decode_seconds(arm.model, arm.tokenizer, sample, report.tokens, batch)
-            best[name] = min(best[name], seconds)
-            bar.step()
-    done = len(sample) * report.tokens
+    rates = tokens_per_second({name: (arm.model, arm.tokenizer) for name, arm in arms.items()},
+                              sample, report.tokens, batch, rounds=ROUNDS, done=bar.step)
     report.throughput = {"batch": batch, "sequences": len(sample), "tokens": report.tokens,
-                         **{name: done / best[name] for name in arms}}
-    report.speedup = report.throughput["optimized"] / report.throughput["baseline"]
+                         **rates}
+    report.speedup = rates["optimized"] / rates["baseline"]
     report.memory = {name: {"weights_mib": weights_bytes(arm.model) / 2**20,
                             "kv_bytes_per_token": KvCost.of_model(arm.model).per_token}
                      for name, arm in arms.items()}

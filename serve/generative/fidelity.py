@@ -7,16 +7,22 @@ its next-token distribution at every position of the continuation, to compare wi
 reference's own at the same positions.
 
 `greedy` gives each prompt's greedy continuation through the decode loop (serve.generative.decode)
-and `decode_seconds` times the loop on a batch of prompts: `rollout verify` for a causal LM and
-ops.bench.generate_recipes use both.
+and `decode_seconds` times the loop on a batch of prompts: `rollout verify` for a causal LM,
+`auto` for a causal LM (serve.recipes.auto.causal) and ops.bench.generate_recipes use both.
+`judged_prompts` picks and cuts the prompts both judges score, `score_response` scores one
+prompt's continuation under two models, `tokens_per_second` times models side by side.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from rollout.token_fidelity import ResponseFidelity
 
 
 @dataclass(frozen=True)
@@ -97,3 +103,61 @@ def decode_seconds(model, tokenizer, prompts: list[list[int]], tokens: int, batc
     while not all(s.finish for s in sequences):
         loop.step()
     return time.perf_counter() - started
+
+
+def judged_prompts(tokenizer, texts: Sequence[str], indices: Sequence[int], *, count: int,
+                   share: float, tokens: int, context: int,
+                   whole: Callable[[int], bool] = lambda index: False
+                   ) -> tuple[list[tuple[int, list[int]]], int]:
+    """At most `count` of `indices` (into `texts`), evenly spaced, each with its prompt ids: the
+    text tokenized as a completion's prompt (BOS included) and cut to its first `share` of
+    tokens (at least two; `whole(index)`: kept whole). Returns them and how many were left out
+    because they leave fewer than `tokens` of the model's `context`."""
+    step = max(1, len(indices) / count) if indices else 1
+    picked = sorted({indices[int(i * step)] for i in range(min(count, len(indices)))})
+    chosen, left_out = [], 0
+    for index in picked:
+        ids = tokenizer(texts[index])["input_ids"]
+        if not whole(index):
+            ids = ids[:max(min(2, len(ids)), math.ceil(share * len(ids)))]
+        if ids and len(ids) + tokens <= context:
+            chosen.append((index, ids))
+        else:
+            left_out += 1
+    return chosen, left_out
+
+
+def model_context(model) -> int:
+    """The positions the model can attend to (2048 where its config does not say)."""
+    return getattr(model.config, "max_position_embeddings", None) or 2048
+
+
+def score_response(reference, other, prompt: list[int], continuation: list[int], *,
+                   slices: tuple[str, ...] = (), index: int = -1,
+                   own: list[int] | None = None) -> ResponseFidelity:
+    """`continuation` (the reference's) teacher-forced through both models, one forward each;
+    `own`: the other model's own greedy continuation, when it was generated (whether it is
+    identical, or where it parts)."""
+    scored = compare(continuation_logits(reference, prompt, continuation),
+                     continuation_logits(other, prompt, continuation), continuation)
+    parted = None if own is None else first_divergence(continuation, own)
+    return ResponseFidelity(
+        tuple(scored.kld), tuple(scored.same_top), sum(scored.reference_nll),
+        sum(scored.other_nll), slices, None if own is None else parted is None, parted, index)
+
+
+def tokens_per_second(arms: Mapping[str, tuple[object, object]], prompts: list[list[int]],
+                      tokens: int, batch: int, *, rounds: int = 3,
+                      done: Callable[[], None] | None = None) -> dict[str, float]:
+    """Output tokens per second of each arm's (model, tokenizer) decode loop giving `tokens`
+    to each of `prompts`, `batch` at a time: arms interleaved round by round, best of `rounds`,
+    after a warm-up (first shapes, lazy initialisation). `done()` hears of each timed pass."""
+    for model, tokenizer in arms.values():
+        decode_seconds(model, tokenizer, prompts[:2], 2, 2)
+    best = dict.fromkeys(arms, float("inf"))
+    for _ in range(rounds):
+        for name, (model, tokenizer) in arms.items():
+            best[name] = min(best[name], decode_seconds(model, tokenizer, prompts, tokens, batch))
+            if done is not None:
+                done()
+    return {name: len(prompts) * tokens / seconds for name, seconds in best.items()}

@@ -3,8 +3,9 @@ model of `nn.Linear` layers, applied to the fp32 model as an encoder arm's are (
 the recipe works in place: a caller that keeps the fp32 model passes a copy).
 
 Runtime recipes (ONNX Runtime, CTranslate2, OpenVINO) and the accuracy-aware plan build encoder
-artifacts and are refused. So is `auto` until a causal LM's gates exist (docs/generative.md):
-the error names the recipes to pin instead.
+artifacts and are refused, naming the recipes that build a causal LM. `auto` is accepted
+here and resolved before building (serve.recipes.auto.causal.resolve): measured, then one of
+these recipes.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ def causal_recipes(device: str = "cpu") -> list[str]:
 
 
 def check(name: str, device: str = "cpu"):
-    """The recipe `name` as it builds a causal LM on `device`: ValueError in one line for one
-    that does not (`auto` included), naming those that do."""
+    """The recipe `name` as it builds a causal LM on `device` (None for `auto`, which is
+    resolved to one before building): ValueError in one line for one that does not, naming
+    those that do."""
     if name == AUTO:
-        raise ValueError("auto does not choose a causal LM's recipe yet: pin one with "
-                         f"CANARY_OPTIMIZED_RECIPE ({', '.join(causal_recipes(device))})")
+        return None
     spec = recipe(name)
     if spec.runtime or spec.needs_plan:
         raise ValueError(f"{name} builds an encoder artifact or plan, not a causal LM: one of "
@@ -36,8 +37,12 @@ def check(name: str, device: str = "cpu"):
 
 def build(fp32, name: str, device: str = "cpu"):
     """The model `name` makes of `fp32` (ValueError for a recipe that does not build a causal
-    LM, naming those that do)."""
-    return check(name, device).build(fp32, device).eval()
+    LM, naming those that do; `auto` must be resolved first)."""
+    spec = check(name, device)
+    if spec is None:
+        raise ValueError("auto is resolved to a recipe before a causal LM is built "
+                         "(serve.recipes.auto.causal.resolve)")
+    return spec.build(fp32, device).eval()
 
 
 def serves_causal_lm(settings: ModelSettings) -> bool:

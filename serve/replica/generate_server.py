@@ -29,7 +29,8 @@ from serve.generative.decode import DecodeLoop, Sampling
 from serve.generative.fidelity import compare, continuation_logits
 from serve.generative.kv import KvBudget, KvCost
 from serve.generative.streaming import Runner
-from serve.recipes import recipe_for
+from serve.recipes.auto.causal import resolve
+from serve.recipes.auto.choose import describe
 from serve.recipes.causal_lm import build
 from serve.recipes.source import model_dir, variant_version, weights_digest
 
@@ -58,23 +59,26 @@ class GenerateServer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.arm, self.path = arm, model_dir(settings, arm, generative=True)
-        self.recipe = recipe_for(arm, settings, "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        weights = weights_digest(self.path)
         with quiet():  # transformers' model code loads here first (serve.common.quiet)
             fp32 = AutoModelForCausalLM.from_pretrained(
                 self.path, local_files_only=True, dtype=torch.float32).eval()
+            self.recipe, self.choice = resolve(settings, arm, fp32, self.tokenizer,
+                                               weights=weights)
             self.model = build(fp32, self.recipe)  # fp32 is not kept: no copy
         budget = KvBudget(kv_budget_bytes(settings.kv_cache_mib), KvCost.of_model(self.model))
         self.loop = DecodeLoop(self.model, self.tokenizer, budget,
                                max_batch=settings.max_batch_size)
         self.runner = Runner(self.loop)
-        self.version = variant_version(weights_digest(self.path), self.recipe)
+        self.version = variant_version(weights, self.recipe)
 
     def info(self) -> dict:
         budget = self.loop.budget
         return {
             "arm": self.arm, "pid": os.getpid(), "recipe": self.recipe, "tasks": ["generate"],
-            "version": self.version, "labels": [], "auto": None, "tokenizer": None,
+            "version": self.version, "labels": [], "tokenizer": None,
+            "auto": describe(self.choice) if self.choice else None,
             "model": self.path.name, "context": self.loop.context,
             "max_batch_size": self.loop.max_batch,
             "kv_budget_bytes": budget.capacity_bytes, "kv_token_bytes": budget.cost.per_token,

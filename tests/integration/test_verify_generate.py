@@ -2,7 +2,8 @@
 with the real small LM: the int8 recipe's and bf16's figures per slice, judged by the gates; a
 copy of the model whose weights were rounded to 4 bits per tensor fails; the verdict is stored
 in a real Redis against the versions the generative replicas serve; what cannot be compared is
-refused."""
+refused. `auto` measures the recipes that apply, serves the fastest that keeps the tokens (or
+fp32), and verify and a generative replica judge and serve the same cached choice."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ops import cli
 from ops.bench.generate_recipes import damaged_4bit
+from rollout import Settings
 from rollout.redis_store import RedisStateStore
+from rollout.verdict import Thresholds
+from serve.recipes.auto import causal
+from serve.recipes.auto.choose import detect_hardware
 from serve.recipes.source import variant_version, weights_digest
 
 
@@ -98,8 +103,6 @@ def test_weights_rounded_to_4_bits_fail_by_kl_divergence_and_token_agreement(
 
 def test_what_cannot_be_compared_is_refused_before_scoring(
         monkeypatch, small_lm, tmp_path):
-    code, _, err = _verify(monkeypatch, small_lm, "--no-store", CANARY_OPTIMIZED_RECIPE="auto")
-    assert code == 2 and "auto does not choose a causal LM's recipe yet" in err
     code, _, err = _verify(monkeypatch, small_lm, "--no-store", CANARY_OPTIMIZED_RECIPE="fp32",
                            CANARY_VERIFY_CONTINUATION_TOKENS=600)
     assert code == 2 and "no prompt of the set fits the model's context of 512" in err
@@ -134,3 +137,59 @@ def test_captured_prompts_replay_whole_through_verify(monkeypatch, small_lm, tmp
     tokenizer = AutoTokenizer.from_pretrained(small_lm)
     given = {tuple(r["prompt_ids"]) for r in doc["responses"]}
     assert given <= {tuple(tokenizer(text)["input_ids"]) for text in texts} and given
+
+
+def test_auto_serves_the_fastest_recipe_that_keeps_the_tokens_and_replicas_find_it(
+        monkeypatch, small_lm, tmp_path):
+    code, out, err = _verify(monkeypatch, small_lm, "--no-store", "--json", "--no-speed",
+                             CANARY_OPTIMIZED_RECIPE="auto",
+                             CANARY_AUTO_CHOICE_DIR=tmp_path / "choices")
+    assert code == 0, err
+    doc = json.loads(out)
+    auto = doc["auto"]
+    assert auto["recipe"] == doc["recipe"] and not auto["fallback"], auto["reason"]
+    assert [e["recipe"] for e in auto["evidence"]] == list(
+        causal.candidates(detect_hardware("cpu")))  # bf16 first where it is native
+    won = next(e for e in auto["evidence"] if e["recipe"] == auto["recipe"])
+    assert won["passed"] and won["speedup"] > 1.0 and won["n"] >= 150
+    assert won["kld_upper_bound"] <= 0.009 and won["lower_bound"] >= 0.955  # auto's margin
+    assert all(e["passed"] or e["failures"] for e in auto["evidence"])
+    assert doc["optimized_version"] == variant_version(weights_digest(small_lm), auto["recipe"])
+    # a generative replica finds the stored choice: nothing is measured again
+    from serve.replica.generate_server import GenerateServer
+
+    def measured(*_, **__):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(causal, "reference", measured)
+    server = GenerateServer.func_or_class(Settings(), "optimized")
+    try:
+        assert server.version == doc["optimized_version"] and server.recipe == auto["recipe"]
+        assert server.info()["auto"].startswith(f"auto → {auto['recipe']} (measured ")
+    finally:
+        server.runner.close()
+
+
+def test_auto_serves_fp32_when_no_candidate_keeps_the_tokens(monkeypatch, small_lm, tmp_path):
+    code, out, err = _verify(monkeypatch, small_lm, "--no-store", "--json", "--no-speed",
+                             CANARY_OPTIMIZED_RECIPE="auto", CANARY_VERIFY_MAX_KLD="0.000001",
+                             CANARY_VERIFY_PROMPTS=40, CANARY_AUTO_CHOICE_DIR=tmp_path)
+    assert code == 0, err  # fp32 against fp32: nothing parts
+    doc = json.loads(out)
+    assert doc["auto"]["fallback"] and doc["recipe"] == "fp32" and doc["kld"] == 0
+    assert "no candidate passed the gate" in doc["auto"]["reason"]
+    judged = [e for e in doc["auto"]["evidence"] if e["kld"] is not None]
+    assert judged and all(f.startswith("KL divergence") for e in judged
+                          for f in e["failures"][:1])
+
+
+def test_a_candidate_far_slower_than_its_bar_is_refused_by_the_screen(small_lm):
+    settings = Settings(model_path=str(small_lm), verify_prompts=8, verify_batch_sizes=(4,),
+                        verify_speed_batch=4)
+    fp32 = AutoModelForCausalLM.from_pretrained(small_lm, dtype=torch.float32).eval()
+    found = causal.reference(settings, fp32, AutoTokenizer.from_pretrained(small_lm))
+    assert 0 < len(found.responses) <= 8 and len(found.sample) == 8
+    evidence = causal.measure_candidate(found, "int8-dynamic", Thresholds(min_speedup=50.0))
+    assert not evidence.passed and evidence.kld is None  # its tokens were never scored
+    assert evidence.failures[0].startswith("speedup screened at ")
+    assert evidence.failures[0].endswith("on 4 sequences of 8 tokens < 50.0x")

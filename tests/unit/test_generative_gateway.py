@@ -48,8 +48,6 @@ def test_the_arms_generate_when_the_baseline_folder_holds_a_causal_lm(causal, tm
 
 
 @pytest.mark.parametrize("recipe, why", [
-    ("auto", "auto does not choose a causal LM's recipe yet: pin one with "
-             "CANARY_OPTIMIZED_RECIPE \\(fp32, .*bf16"),
     ("onnx-int8", "onnx-int8 builds an encoder artifact"),
     ("accuracy-aware", "accuracy-aware builds an encoder artifact or plan")])
 def test_a_recipe_that_builds_no_causal_lm_is_refused_before_deploying(causal, recipe, why):
@@ -170,17 +168,9 @@ def test_bench_task_generate_refuses_what_it_cannot_measure(tmp_path, capsys):
         assert exited.value.code == 2 and why in capsys.readouterr().err
 
 
-def test_serve_run_refuses_auto_for_a_causal_lm_in_one_line_before_ray_starts(causal,
-                                                                             monkeypatch):
-    from serve import config
-
-    def started(*_):
-        raise AssertionError("Ray was started before the refusal")
-
-    monkeypatch.setattr(config.local_start, "starts_local_ray", started)
-    monkeypatch.setattr(config.ray_env, "apply", started)
-    with pytest.raises(SystemExit, match="^start: auto does not choose a causal LM's recipe"):
-        config.app({"model_path": str(causal)})
+def test_auto_is_the_default_recipe_of_a_causal_lms_optimized_arm(causal):
+    settings = Settings(model_path=str(causal))
+    assert settings.optimized_recipe == "auto" and serves_causal_lm(settings)
 
 
 def test_generative_answers_reach_the_windows_and_rollout_status():

@@ -189,6 +189,8 @@ WHOLE_SETTINGS = {
     "gateway replica",
     "serve/control_plane/controller.py:RampControllerDeployment.__init__": "the ramp controller "
     "replica's composition root (as the gateway)",
+    "serve/recipes/auto/causal.py:resolve": "reads an arm's recipe and hands `auto` its three "
+    "groups: the one entry a generative replica and verify share",
 }
 
 

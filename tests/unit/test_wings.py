@@ -14,8 +14,9 @@ from tests.unit.test_imports import ROOT, import_graph
 # Each part of serve/ and its layer: a module imports only modules of its own part or of a lower
 # layer. The composition (serve.config) builds the application from every wing; the gateway
 # calls the replicas (its colocated topology loads them), the control plane and the doors;
-# recipes build what a replica runs, and a causal LM's decode loop is what it runs per arm;
-# telemetry and what both processes share sit below all.
+# recipes build what a replica runs (`auto` for a causal LM measures with the decode loop), and
+# a causal LM's decode loop is what it runs per arm; telemetry and what both processes share sit
+# below all.
 LAYERS = {
     "serve.config": 6,
     "serve.gateway": 5,
@@ -23,8 +24,8 @@ LAYERS = {
     "serve.control_plane": 4,
     "serve.dashboard": 4,
     "serve.recipes": 3,
-    "serve.generative": 3,
     "serve.telemetry": 2,
+    "serve.generative": 2,
     "serve.local_start": 2,
     "serve.common": 1,
     "serve.ray_env": 1,

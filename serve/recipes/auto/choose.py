@@ -59,6 +59,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -165,14 +166,21 @@ def choose(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings,
     hardware = hardware or detect_hardware(device)
     key, context = choice_key(model, recipe, verify, weights=weights, hardware=hardware,
                               labels=baseline.labels)
-    folder, allowed = choice_dir(recipe), _allowed(recipe, hardware)
+    return cached(choice_dir(recipe), key, _allowed(recipe, hardware), lambda: _measure_all(
+        recipe, verify, baseline, hardware, measure, progress, clock or SystemClock(), key=key,
+        context=context))
+
+
+def cached(folder: Path, key: str, allowed: set[str], measure_all: Callable[[], Choice]
+           ) -> Choice:
+    """The choice stored under `key` in `folder` if it can be trusted (module docstring, step
+    4), else `measure_all()`, stored: replicas on one host measure once."""
     if (found := _read(folder, key, allowed)) is not None:
         return found
     with _claim(folder, key):
         if (found := _read(folder, key, allowed)) is not None:  # measured while we waited
             return found
-        choice = _measure_all(recipe, verify, baseline, hardware, measure, progress,
-                              clock or SystemClock(), key=key, context=context)
+        choice = measure_all()
         _store(folder, choice)
     return choice
 
@@ -198,9 +206,17 @@ def describe(choice: Choice) -> str:
     if choice.fallback:
         return f"auto → {choice.recipe} (fallback, measured {day}: {choice.reason}{notes})"
     closest = f"; closest to its bar: {found.closest}" if found.closest else ""
-    return (f"auto → {choice.recipe} (measured {day}: {found.speedup:.2f}x, "
-            f"{found.agreement * 100:.1f} % agreement, {found.confident_flips} confident flips"
-            f"{closest}{notes})")
+    return f"auto → {choice.recipe} (measured {day}: {_figures(found)}{closest}{notes})"
+
+
+def _figures(found: Evidence) -> str:
+    """A passing candidate's speedup and fidelity in a few words: a causal LM's by its tokens
+    (serve.recipes.auto.causal), an encoder's by its answers."""
+    if found.kld is not None:
+        return (f"{found.speedup:.2f}x, KL divergence {found.kld:.5f} nats, "
+                f"{found.agreement * 100:.1f} % top-1 token agreement")
+    return (f"{found.speedup:.2f}x, {found.agreement * 100:.1f} % agreement, "
+            f"{found.confident_flips} confident flips")
 
 
 def _bound_refusal(found: Evidence) -> str:
@@ -210,11 +226,12 @@ def _bound_refusal(found: Evidence) -> str:
 
 
 def choice_key(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings, *,
-               weights: str, hardware: Hardware, labels: tuple[str, ...] | None = None
-               ) -> tuple[str, dict]:
+               weights: str, hardware: Hardware, labels: tuple[str, ...] | None = None,
+               extra: dict | None = None) -> tuple[str, dict]:
     """(key, the parts it hashes): module docstring, step 4. `labels`: the arm's, in place of
     `model.labels` (the same key when they are equal). The answer settings of both groups are
-    hashed as one mapping, so the key does not depend on which group holds a field."""
+    hashed as one mapping, so the key does not depend on which group holds a field. `extra`:
+    more parts (a causal LM's task and measurement settings)."""
     answers = {**model.model_dump(mode="json", include=ANSWER_SETTINGS),
                **recipe.model_dump(mode="json", include=ANSWER_SETTINGS)}
     if labels is not None:
@@ -226,6 +243,7 @@ def choice_key(model: ModelSettings, recipe: RecipeSettings, verify: VerifySetti
         "set": load_set(verify.regression_set).digest,
         "settings": answers,
         "thresholds": auto_thresholds(verify).model_dump(mode="json"),
+        **(extra or {}),
     }
     text = json.dumps(context, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16], context
@@ -269,32 +287,45 @@ def _measure_all(recipe: RecipeSettings, verify: VerifySettings, baseline, hardw
     texts = [example.text for example in examples]
     truth = [index.get(example.label) if example.label else None for example in examples]
     thresholds = auto_thresholds(verify)
+    log.info("auto: measuring on %d validation inputs", len(texts))
+    evidence = measure_each(
+        candidates(hardware, hide_native_bf16=recipe.hide_native_bf16),
+        lambda name, beaten_by: measure(baseline, name, texts, thresholds, truth=truth,
+                                        progress=progress, beaten_by=beaten_by),
+        progress, clock)
+    return pick(evidence, hardware, recipe.hide_native_bf16, fallback=FALLBACK[hardware.device],
+                key=key, context=context, at=clock.time())
+
+
+def measure_each(names: tuple[str, ...],
+                 measure_one: Callable[[str, tuple[str, float] | None], Evidence], progress,
+                 clock: Clock) -> tuple[Evidence, ...]:
+    """Step 2 for each candidate in order of preference: `measure_one(name, beaten_by)`, where
+    `beaten_by` is the fastest earlier candidate that passed (recipe, speedup); a candidate that
+    raises is recorded as failed with its error. Each is logged as it is measured."""
     evidence = []
-    for name in candidates(hardware, hide_native_bf16=recipe.hide_native_bf16):
-        log.info("auto: measuring %s on %d validation inputs", name, len(texts))
+    for name in names:
+        log.info("auto: measuring %s", name)
         if progress is not None:
             progress(f"auto: measuring {name}", None)
         start = clock.monotonic()
         passed = [e for e in evidence if e.passed]
         best = max(passed, key=lambda e: e.speedup) if passed else None
         try:
-            found = measure(baseline, name, texts, thresholds, truth=truth, progress=progress,
-                            beaten_by=(best.recipe, best.speedup) if best else None)
+            found = measure_one(name, (best.recipe, best.speedup) if best else None)
         except Exception as exc:  # a candidate that cannot run here is a failed candidate
             log.warning("auto: %s failed: %s", name, exc)
             found = Evidence.failed(name, exc, clock.monotonic() - start)
         _log_evidence(found, progress)
         evidence.append(found)
-    return _pick(tuple(evidence), hardware, recipe.hide_native_bf16, key=key, context=context,
-                 at=clock.time())
+    return tuple(evidence)
 
 
 def _log_evidence(found: Evidence, progress) -> None:
     """One line per measured candidate, as it is measured: the startup log and the console."""
     if found.passed:
         closest = f"; closest to its bar: {found.closest}" if found.closest else ""
-        line = (f"auto: {found.recipe} passed: {found.speedup:.2f}x, {found.agreement:.2%} "
-                f"agreement, {found.confident_flips} confident flips{closest} "
+        line = (f"auto: {found.recipe} passed: {_figures(found)}{closest} "
                 f"({found.seconds:.0f} s)")
     elif found.bound_only:
         line = (f"auto: {_bound_refusal(found)}: {found.failures[0]}; verify would refuse it "
@@ -307,14 +338,15 @@ def _log_evidence(found: Evidence, progress) -> None:
         progress(line, None)
 
 
-def _pick(evidence: tuple[Evidence, ...], hardware: Hardware, hide_native_bf16: bool, *,
-          key: str, context: dict, at: float) -> Choice:
-    """Step 3 over evidence in order of preference."""
+def pick(evidence: tuple[Evidence, ...], hardware: Hardware, hide_native_bf16: bool, *,
+         fallback: str, key: str, context: dict, at: float) -> Choice:
+    """Step 3 over evidence in order of preference; `fallback`: the faithful recipe served when
+    none passes."""
     common = {"format": FORMAT, "key": key, "evidence": evidence, "at": at, "context": context,
               "notes": _notes(hardware, hide_native_bf16)}
     passing = [e for e in evidence if e.passed]
     if not passing:
-        recipe = FALLBACK[hardware.device]
+        recipe = fallback
         found = next((e for e in evidence if e.recipe == recipe), None)
         failed = "; ".join(f"{e.recipe}: {e.failures[0] if e.failures else 'failed'}"
                            for e in evidence)

@@ -73,6 +73,9 @@ class Evidence(BaseModel):
     accuracy_drop: float | None = None  # None: no labelled validation input
     cosine_p1: float | None = None  # None: a classifier head has no embedding
     recall_at_10: float | None = None  # None: a classifier (rollout.retrieval)
+    kld: float | None = None  # a causal LM's mean KL divergence per response (nats); None: an
+    # encoder's (rollout.token_fidelity; `agreement`, `lower_bound`: its top-1 token agreement)
+    kld_upper_bound: float | None = None  # its 95 % upper bound, judged
     closest: str | None = None  # the judged figure closest to its bar, e.g. 'recall@10 0.9912
     # (bar 0.955)'
     speedup: float | None = None  # the lowest of `speedups`
@@ -108,7 +111,9 @@ def measure(baseline, recipe: str, texts: list[str], thresholds: Thresholds, *,
     speedup = min(speedups.values())
     if speedup <= bar or speedups is screened:
         return Evidence(recipe=recipe, passed=False,
-                        failures=(_too_slow(speedup, bar, beaten_by, speedups is screened),),
+                        failures=(too_slow(
+                            speedup, bar, beaten_by,
+                            f"{SCREEN_INPUTS} inputs" if speedups is screened else None),),
                         speedup=speedup, speedups=speedups, seconds=timer() - start,
                         decision=built.decision)
     summary, slices, retrieval = _compare(baseline, built.model, texts, truth, thresholds)
@@ -131,10 +136,11 @@ def _closest(thresholds: Thresholds, summary: Summary, slices: Sequence[SliceRow
     return f"{what} {value:.4f} (bar {bar:g})"
 
 
-def _too_slow(speedup: float, bar: float, beaten_by: tuple[str, float] | None,
-              screened: bool) -> str:
-    """Why a candidate too slow to win or to pass is refused without measuring its agreement."""
-    what = f"screened at {speedup:.2f}x on {SCREEN_INPUTS} inputs" if screened else \
+def too_slow(speedup: float, bar: float, beaten_by: tuple[str, float] | None,
+             screened_on: str | None) -> str:
+    """Why a candidate too slow to win or to pass is refused without measuring its agreement;
+    `screened_on`: what the screen timed, when its speedup is the screen's."""
+    what = f"screened at {speedup:.2f}x on {screened_on}" if screened_on else \
         f"{speedup:.2f}x"
     if beaten_by is not None and bar == beaten_by[1]:
         return (f"cannot win: {what}, no faster than {beaten_by[0]} ({beaten_by[1]:.2f}x), "
