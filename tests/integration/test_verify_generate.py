@@ -152,6 +152,8 @@ def test_auto_serves_the_fastest_recipe_that_keeps_the_tokens_and_replicas_find_
         causal.candidates(detect_hardware("cpu")))  # bf16 first where it is native
     won = next(e for e in auto["evidence"] if e["recipe"] == auto["recipe"])
     assert won["passed"] and won["speedup"] > 1.0 and won["n"] >= 150
+    # timed at the replica's batch (max_batch_size 16) and verify's (8 here), the lower kept
+    assert set(won["speedups"]) == {"8", "16"} and won["speedup"] == min(won["speedups"].values())
     assert won["kld_upper_bound"] <= 0.009 and won["lower_bound"] >= 0.955  # auto's margin
     assert all(e["passed"] or e["failures"] for e in auto["evidence"])
     assert doc["optimized_version"] == variant_version(weights_digest(small_lm), auto["recipe"])
@@ -187,9 +189,10 @@ def test_a_candidate_far_slower_than_its_bar_is_refused_by_the_screen(small_lm):
     settings = Settings(model_path=str(small_lm), verify_prompts=8, verify_batch_sizes=(4,),
                         verify_speed_batch=4)
     fp32 = AutoModelForCausalLM.from_pretrained(small_lm, dtype=torch.float32).eval()
-    found = causal.reference(settings, fp32, AutoTokenizer.from_pretrained(small_lm))
+    found = causal.reference(settings, fp32, AutoTokenizer.from_pretrained(small_lm), (2, 4))
     assert 0 < len(found.responses) <= 8 and len(found.sample) == 8
     evidence = causal.measure_candidate(found, "int8-dynamic", Thresholds(min_speedup=50.0))
     assert not evidence.passed and evidence.kld is None  # its tokens were never scored
     assert evidence.failures[0].startswith("speedup screened at ")
-    assert evidence.failures[0].endswith("on 4 sequences of 8 tokens < 50.0x")
+    assert evidence.failures[0].endswith("on 2 sequences of 8 tokens < 50.0x")
+

@@ -54,7 +54,8 @@ class Stub:
 
 def _choose(settings, hardware, results, **kw):
     stub = Stub(results)
-    found = choose(settings, settings, settings, None, None, weights=WEIGHTS, measure=stub,
+    found = choose(settings, settings, settings, None, None, weights=WEIGHTS, served_batch=16,
+                   measure=stub,
                    hardware=hardware, clock=FakeClock(start=1_796_000_000.0), **kw)
     return found, stub
 

@@ -13,11 +13,13 @@ once per weights, host and settings and cached as an encoder's choice is
    of `verify_continuation_tokens` for prompts of the regression set's *validation* split
    (inputs verify does not judge, as for an encoder), at most `verify_prompts` evenly spaced,
    cut as verify cuts them (serve.generative.fidelity.judged_prompts).
-3. **Measure** (`measure`): speed first, the decode loop's output tokens per second of fp32
-   and the candidate at `verify_speed_batch` sequences at a time, verify's batch: a screen of
-   one round on one batch of SCREEN_TOKENS tokens (a candidate screened more than
-   serve.recipes.auto.trial.SCREEN_MARGIN below the bar is refused on it), then twice that many
-   prompts, arms interleaved, best of ROUNDS. A candidate no faster than the bar (fp32,
+3. **Measure** (`measure_candidate`): speed first, the decode loop's output tokens per second
+   of fp32 and the candidate at `max_batch_size` sequences at a time (the most the replica
+   decodes together) and at `verify_speed_batch` (the batch verify judges), the lower speedup
+   kept: a screen of one round on one batch of the first size, SCREEN_TOKENS tokens each (a
+   candidate screened more than serve.recipes.auto.trial.SCREEN_MARGIN below the bar is refused
+   on it), then twice that many prompts per size, arms interleaved, best of ROUNDS. A candidate
+   no faster than the bar (fp32,
    `min_speedup`, or an earlier candidate that passed: it could not win) is refused without its
    fidelity measured. Then every reference continuation teacher-forced through both models
    (serve.generative.fidelity.score_response), summed per response (rollout.token_fidelity) and
@@ -26,7 +28,7 @@ once per weights, host and settings and cached as an encoder's choice is
    and faster than fp32 whatever `min_speedup` says.
 4. **Pick** the fastest passing (serve.recipes.auto.choose.pick: ties within TIE go to the
    earlier in preference order). The key hashes, beside an encoder's parts, the task and the
-   settings that shape the measurement (prompts, their share, continuation length, batch).
+   settings that shape the measurement (prompts, their share, continuation length, batches).
 
 `rollout verify` and a generative replica resolve `auto` through `resolve` with the same
 settings, so both find the same cached choice and judge and serve the same version.
@@ -81,9 +83,9 @@ class Reference:
     tokenizer: object
     responses: list[tuple[int, list[int], list[int], tuple[str, ...]]]  # index, prompt,
     # fp32's continuation, the prompt's slices
-    sample: list[list[int]]  # the prompts the speed is measured on
+    sample: list[list[int]]  # the prompts the speed is measured on: twice the largest batch
     tokens: int
-    batch: int
+    batches: tuple[int, ...]  # the batch sizes timed
     min_slice_size: int
 
 
@@ -101,25 +103,28 @@ def resolve(settings: Settings, arm: str, fp32, tokenizer, *, weights: str, prog
     if name != AUTO:
         return name, None
     choice = choose(settings, settings, settings, fp32, tokenizer, weights=weights,
-                    progress=progress)
+                    served_batch=settings.max_batch_size, progress=progress)
     logging.getLogger("canary.autopick").info("%s", describe(choice))
     return choice.recipe, choice
 
 
 def choose(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings, fp32,
-           tokenizer, *, weights: str, measure=None, progress=None,
+           tokenizer, *, weights: str, served_batch: int, measure=None, progress=None,
            hardware: Hardware | None = None, clock: Clock | None = None) -> Choice:
     """The cached choice for these weights, host and settings, or one measured now and cached.
+    `served_batch`: the most sequences a replica decodes together (`max_batch_size`).
     `measure(reference, name, thresholds, beaten_by=, progress=)` defaults to
     `measure_candidate`."""
     hardware = hardware or detect_hardware("cpu")
+    batches = tuple(sorted({served_batch, verify.verify_speed_batch}))
     key, context = choice_key(model, recipe, verify, weights=weights, hardware=hardware,
-                              labels=(), extra={"task": "generate", "generate": _shaping(verify)})
+                              labels=(), extra={"task": "generate",
+                                                "generate": _shaping(verify, batches)})
     names = candidates(hardware, hide_native_bf16=recipe.hide_native_bf16)
     clock = clock or SystemClock()
 
     def measure_all() -> Choice:
-        found = reference(verify, fp32, tokenizer, progress=progress)
+        found = reference(verify, fp32, tokenizer, batches, progress=progress)
         thresholds = auto_thresholds(verify)
         evidence = measure_each(names, lambda name, beaten_by: (measure or measure_candidate)(
             found, name, thresholds, beaten_by=beaten_by, progress=progress), progress, clock)
@@ -129,14 +134,16 @@ def choose(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings,
     return cached(choice_dir(recipe), key, {*names, FALLBACK}, measure_all)
 
 
-def _shaping(verify: VerifySettings) -> dict:
+def _shaping(verify: VerifySettings, batches: tuple[int, ...]) -> dict:
     return {"prompts": verify.verify_prompts, "share": verify.verify_prompt_share,
-            "tokens": verify.verify_continuation_tokens, "batch": verify.verify_speed_batch,
+            "tokens": verify.verify_continuation_tokens, "batches": list(batches),
             "min_slice_size": verify.verify_min_slice_size}
 
 
-def reference(settings: VerifySettings, fp32, tokenizer, *, progress=None) -> Reference:
-    """Step 2: the validation prompts and fp32's greedy continuation of each."""
+def reference(settings: VerifySettings, fp32, tokenizer, batches: tuple[int, ...], *,
+              progress=None) -> Reference:
+    """Step 2: the validation prompts and fp32's greedy continuation of each; the speed is
+    timed at each of `batches`."""
     regression = load_set(settings.regression_set)
     tokens = settings.verify_continuation_tokens
     chosen, _ = judged_prompts(tokenizer, regression.texts, regression.validation(),
@@ -154,10 +161,9 @@ def reference(settings: VerifySettings, fp32, tokenizer, *, progress=None) -> Re
     responses = [(index, ids, continuation, slices_of(regression.texts[index], len(ids), None))
                  for (index, ids), continuation in zip(chosen, continuations, strict=True)
                  if continuation]
-    batch = settings.verify_speed_batch
     return Reference(fp32, tokenizer, responses,
-                     [prompts[i % len(prompts)] for i in range(2 * batch)], tokens, batch,
-                     settings.verify_min_slice_size)
+                     [prompts[i % len(prompts)] for i in range(2 * max(batches))], tokens,
+                     batches, settings.verify_min_slice_size)
 
 
 def measure_candidate(found: Reference, recipe: str, thresholds: Thresholds, *,
@@ -167,11 +173,12 @@ def measure_candidate(found: Reference, recipe: str, thresholds: Thresholds, *,
     start = timer()
     model = build(copy.deepcopy(found.model), recipe)
     bar = max(1.0, thresholds.min_speedup, beaten_by[1] if beaten_by else 0.0)
-    speedup, screened = _speedup(found, model, bar)
+    speedups, screened = _speedups(found, model, bar)
+    speedup = min(speedups.values())
     if speedup <= bar or screened:
-        screen = f"{found.batch} sequences of {SCREEN_TOKENS} tokens" if screened else None
-        return Evidence(recipe=recipe, passed=False, speedup=speedup,
-                        speedups={found.batch: speedup}, seconds=timer() - start,
+        screen = f"{found.batches[0]} sequences of {SCREEN_TOKENS} tokens" if screened else None
+        return Evidence(recipe=recipe, passed=False, speedup=speedup, speedups=speedups,
+                        seconds=timer() - start,
                         failures=(too_slow(speedup, bar, beaten_by, screen),))
     fidelity = summarize([score_response(found.model, model, prompt, continuation,
                                          slices=slices, index=index)
@@ -183,20 +190,23 @@ def measure_candidate(found: Reference, recipe: str, thresholds: Thresholds, *,
         agreement=fidelity.agreement, lower_bound=fidelity.agreement_lower_bound,
         kld=fidelity.kld, kld_upper_bound=fidelity.kld_upper_bound,
         closest=closest(thresholds, fidelity), speedup=speedup,
-        speedups={found.batch: speedup}, seconds=timer() - start)
+        speedups=speedups, seconds=timer() - start)
 
 
-def _speedup(found: Reference, model, bar: float) -> tuple[float, bool]:
-    """The candidate's decode speedup over fp32, and whether it is the screen's alone (the
-    screen put it too far below `bar` for the full timing to reach it)."""
+def _speedups(found: Reference, model, bar: float) -> tuple[dict[int, float], bool]:
+    """The candidate's decode speedup over fp32 per batch size, and whether it is the screen's
+    alone (the screen put it too far below `bar` for the full timing to reach it)."""
     arms = {"fp32": (found.model, found.tokenizer), "candidate": (model, found.tokenizer)}
-    rates = tokens_per_second(arms, found.sample[:found.batch], SCREEN_TOKENS, found.batch,
-                              rounds=1)
-    speedup = rates["candidate"] / rates["fp32"]
-    if speedup * SCREEN_MARGIN < bar:
-        return speedup, True
-    rates = tokens_per_second(arms, found.sample, found.tokens, found.batch, rounds=ROUNDS)
-    return rates["candidate"] / rates["fp32"], False
+    first = found.batches[0]
+    rates = tokens_per_second(arms, found.sample[:first], SCREEN_TOKENS, first, rounds=1)
+    if rates["candidate"] / rates["fp32"] * SCREEN_MARGIN < bar:
+        return {first: rates["candidate"] / rates["fp32"]}, True
+    speedups = {}
+    for batch in found.batches:
+        rates = tokens_per_second(arms, found.sample[:2 * batch], found.tokens, batch,
+                                  rounds=ROUNDS)
+        speedups[batch] = rates["candidate"] / rates["fp32"]
+    return speedups, False
 
 
 def closest(thresholds: Thresholds, found: TokenFidelity) -> str:
