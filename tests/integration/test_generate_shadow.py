@@ -3,7 +3,8 @@ real Serve application beside the session's: the small LM as baseline, its int8 
 canary. At canary 0 % the baseline answers the regression prompts greedily and the optimized
 replica scores each answer teacher-forced: the online KL divergence and top-1 token agreement
 fall within `rollout verify`'s offline intervals for the same prompts; the figures reach the
-windows (`rollout status`) and Prometheus; a killed canary is never scored."""
+windows (`rollout status`), Prometheus and the dashboard (in Chromium); a killed canary is never
+scored."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import time
 import pytest
 
 from ops import cli
+from tests.integration.test_dashboard_browser import TIMEOUT_MS
+from tests.integration.test_dashboard_browser import browser as browser  # the fixture
 
 NAME = "lmshadow"
 TOKENS = 16
@@ -109,3 +112,29 @@ def test_a_killed_canary_is_never_scored(app):
     app.reset()
     complete(app, "The hospital reviewed the")
     wait_for(app, lambda s: s.token_responses > before.token_responses, "the next one scored")
+
+
+def test_the_dashboard_shows_the_generation_table_and_the_scored_answers(app, browser):
+    from playwright.sync_api import expect
+
+    app.reset()
+    for i in range(3):
+        complete(app, f"Yesterday the council {i}")
+    wait_for(app, lambda s: s.token_responses >= 3, "three scored answers")
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(app.url + "/dashboard")  # behind the app's route prefix: its own API
+        expect(page.locator("#generation")).to_be_visible()
+        table = page.text_content("#generation")
+        assert "tokens/s" in table and "baseline" in table, table
+        expect(page.locator("#token-fidelity")).to_contain_text("generated answers: ")
+        text = page.text_content("#token-fidelity")
+        assert "scored" in text and "KL divergence" in text and "top-1 token agreement" in text
+        expect(page.locator("#token-slices")).to_contain_text("script:")
+        assert errors == []
+    finally:
+        context.close()

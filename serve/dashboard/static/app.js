@@ -7,6 +7,9 @@ const STATUS_EVERY_MS = 2000;
 const SERIES_EVERY_MS = 5000;
 const ARMS = ["baseline", "optimized"];
 const $ = id => document.getElementById(id);
+// the gateway's root as this page sees it: "" at /dashboard, "/<prefix>" behind a route prefix
+// (a Serve application's, or a proxy's); the page's assets are relative to it too
+const BASE = location.pathname.replace(/\/dashboard\/?$/, "");
 const view = { revision: null, actions: false, trace: null, pending: null, openAudit: new Set() };
 // shown where a cost would read 0 only because no price is configured
 const UNPRICED = "no device price set: CANARY_DEVICE_HOUR_PRICE";
@@ -104,6 +107,7 @@ function renderStatus(s) {
     }));
   if (traffic.efficiency) $("arms").appendChild(row([speedupText(traffic.efficiency)], { wrap: [0] }));
   if (traffic.error) $("arms").appendChild(row([`telemetry unavailable: ${traffic.error}`], { wrap: [0] }));
+  renderGeneration(arms);
 
   // header routes (`rollout route add|list|remove`), tried in id order before the share
   const applied = s.routing.routes_applied ? "applied" : "not applied (kill switch or stale state)";
@@ -120,10 +124,46 @@ function renderStatus(s) {
   renderAgreement(s.traffic ? s.traffic.shadow : null);
 }
 
+// a generative arm's answers over the window (rollout.telemetry.window_stats `generation`):
+// the table shows only where an arm generated
+function renderGeneration(arms) {
+  const generated = ARMS.filter(a => arms[a] && arms[a].generation);
+  fill($("generation"), ["generated", "answers", "tokens/s", "first token p50 ms",
+    "first token p99 ms", "ms between tokens"],
+    generated.map(a => {
+      const g = arms[a].generation;
+      return row([a, g.answers, num(g.tokens_per_s), num(g.first_token_p50_ms),
+        num(g.first_token_p99_ms), num(g.inter_token_ms, 2)]);
+    }));
+  $("generation").hidden = !generated.length;
+}
+
+// generated answers the shadow scored (rollout.shadow `token_*`): per token, averaged per answer
+function tokenFidelity(a, minutes) {
+  const text = document.createElement("p");
+  text.id = "token-fidelity";
+  text.textContent = `generated answers: ${a.token_responses} scored (${a.token_tokens} tokens), ` +
+    `KL divergence ${num(a.token_kld, 5)} nats per token, top-1 token agreement ` +
+    `${pct(a.token_agreement)}, last ${minutes} min (shed ${a.shed}, errors ${a.errors})`;
+  const rows = Object.entries(a.token_slices || {}).sort((x, y) => x[1].agreement - y[1].agreement);
+  const t = document.createElement("table");
+  t.id = "token-slices";
+  fill(t, ["slice", "answers", "KL divergence", "top-1 agreement"],
+    rows.slice(0, SLICE_ROWS).map(([key, r]) => row([key, r.responses, num(r.kld, 5),
+      pct(r.agreement)], { wrap: [0] })));
+  if (rows.length > SLICE_ROWS) t.appendChild(row([`… and ${rows.length - SLICE_ROWS} more slices`]));
+  t.hidden = !rows.length;
+  return [text, t];
+}
+
 function renderAgreement(a) {
   const body = $("agreement-body");
   body.replaceChildren();
   const minutes = a ? Math.round(a.seconds / 60) : 0;
+  if (a && a.token_responses) {
+    body.append(...tokenFidelity(a, minutes));
+    if (!a.pairs) return;
+  }
   if (a && !a.pairs && a.cosine_n) {
     const recall = a.recall_queries ? `, recall@10 of neighbours ${pct(a.recall_at_10)} ` +
       `over ${a.recall_queries} pairs` : "";
@@ -317,7 +357,7 @@ async function showTrace(id) {
   view.trace = id;
   const box = $("waterfall");
   try {
-    const { spans } = await getJSON(`/v1/traces/${id}`);
+    const { spans } = await getJSON(`${BASE}/v1/traces/${id}`);
     const start = Math.min(...spans.map(s => s.start));
     const total = Math.max(Math.max(...spans.map(s => s.end)) - start, 1e-9);
     const ids = new Set(spans.map(s => s.span_id));
@@ -361,7 +401,7 @@ function say(text, kind) {
   $("action-result").className = kind;
 }
 
-async function act(kind, extra = {}, confirmed = false, base = "/v1/rollout/") {
+async function act(kind, extra = {}, confirmed = false, base = `${BASE}/v1/rollout/`) {
   const reason = $("reason").value.trim();
   if (!reason) { say("give a reason: it is recorded in the audit log", "error"); return; }
   sessionStorage.setItem("canary-token", $("token").value);
@@ -400,7 +440,7 @@ function wireActions() {
   });
   $("kill-button").addEventListener("click", () => act("kill"));
   for (const what of ["pause", "resume", "approve", "abort"]) {
-    $(`ramp-${what}`).addEventListener("click", () => act(`ramp/${what}`, {}, false, "/v1/"));
+    $(`ramp-${what}`).addEventListener("click", () => act(`ramp/${what}`, {}, false, `${BASE}/v1/`));
   }
   $("unkill-button").addEventListener("click", () => act("unkill"));
   $("route-add").addEventListener("click", () => {
@@ -432,7 +472,8 @@ function live(ok, text) {
 async function refresh() {
   try {
     const [status, ramp, audit, traces] = await Promise.all([
-      getJSON("/v1/status"), getJSON("/v1/ramp"), getJSON("/v1/audit?last=30"), getJSON("/v1/traces?last=15"),
+      getJSON(`${BASE}/v1/status`), getJSON(`${BASE}/v1/ramp`), getJSON(`${BASE}/v1/audit?last=30`),
+      getJSON(`${BASE}/v1/traces?last=15`),
     ]);
     renderStatus(status);
     renderRamp(ramp);
@@ -447,7 +488,7 @@ async function refresh() {
 
 async function refreshSeries() {
   const [last, step] = $("range").value.split("/");
-  try { renderSeries(await getJSON(`/v1/series?last_s=${last}&step_s=${step}`)); }
+  try { renderSeries(await getJSON(`${BASE}/v1/series?last_s=${last}&step_s=${step}`)); }
   catch (err) { live(false, `charts not updating: ${err.message}`); }
 }
 

@@ -7,8 +7,8 @@ once per weights, host and settings and cached as an encoder's choice is
    `bf16` where the CPU computes bf16 natively (AVX512-BF16 or AMX) and `hide_native_bf16` is
    off, then `int8-dynamic-per-channel`, then `int8-dynamic`. Not candidates: `fp16` (emulated
    on a CPU), `compiled` (a decode loop's shapes change every step: it would recompile),
-   `int8-torchao` (needs torchao, which the project does not install). No candidate passing:
-   `fp32`, with the reason.
+   `int8-torchao` (0.3-0.4x fp32's decode speed measured on CPU: docs/generative.md). No
+   candidate passing: `fp32`, with the reason.
 2. **Reference** (`reference`), computed once for every candidate: fp32's greedy continuation
    of `verify_continuation_tokens` for prompts of the regression set's *validation* split
    (inputs verify does not judge, as for an encoder), at most `verify_prompts` evenly spaced,
