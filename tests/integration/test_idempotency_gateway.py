@@ -51,6 +51,10 @@ def test_malformed_key_is_422(gw):
 
 def test_concurrent_duplicate_is_409_in_progress_and_a_failure_frees_the_key(gw):
     gw.redeploy({"baseline": {"fault_delay_ms": 1500}})
+    # the first request after a redeploy can wait seconds for the new replicas (measured: 1.5 s
+    # before the gateway saw it), long enough for a duplicate to queue behind the slow request
+    # and be answered as its replay: warm the path first
+    assert gw.predict(["warm"]).status_code == 200
     key = f"idem-{uuid.uuid4().hex}"
     with ThreadPoolExecutor(2) as pool:
         slow = pool.submit(_post, gw, ["slow"], key)
