@@ -7,7 +7,8 @@ gateway end to end per arm and concurrency, side by side in one run.
     python -m ops.bench --plain --inputs-per-request 1,8  # against plain Ray Serve, 2 sizes
     python -m ops.bench --protocol native,openai,oip --inputs-per-request 8  # the front doors
     python -m ops.bench --peer litserve,infinity --plain --workload short --inputs-per-request 1,8
-    python -m ops.bench --task generate --model-path DIR   # a causal LM's decode loop
+    python -m ops.bench --task generate --model-path DIR   # a causal LM: in process and through
+    #                                                       the gateway (ops.bench.generate_gateway)
 
 Without `--url` it starts the application itself on a local Ray Serve (the settings of the
 environment, `--model-path` and `--set KEY=VALUE` on top) with a throwaway Redis unless
@@ -128,8 +129,9 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                    help="default classify, embed with --peer (the peers embed only); generate: "
                    "a causal LM (--model-path), in process: the decode loop beside "
                    "transformers' generate() one request at a time, as a static batch and "
-                   "its generate_batch (ops.bench.generate_loop), at --concurrency (default "
-                   "1,8,32)")
+                   "its generate_batch (ops.bench.generate_loop), then each arm through a "
+                   "local gateway, streamed (ops.bench.generate_gateway; --no-inprocess, "
+                   "--no-gateway skip a part), at --concurrency (default 1,8,32)")
     p.add_argument("--max-tokens", type=int, default=64,
                    help="--task generate: tokens generated per request (default 64)")
 
@@ -150,15 +152,19 @@ def _beside_options(p: argparse.ArgumentParser) -> None:
                    "oip-binary); each cell's figures beside the native route's")
 
 
+def _checked_arms(args, p: argparse.ArgumentParser) -> None:
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or set(arms) - set(report.ARMS):
+        p.error(f"--arms: choose from {', '.join(report.ARMS)}")
+    args.arms = arms
+
+
 def _checked(args, p: argparse.ArgumentParser) -> None:
     if args.inputs < 1 or args.rounds < 1 or (args.threads is not None and args.threads < 1):
         p.error("--inputs, --rounds and --threads must be >= 1")
     if args.seconds <= 0 or args.warmup < 0 or args.timeout <= 0:
         p.error("--seconds and --timeout must be positive, --warmup not negative")
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if not arms or set(arms) - set(report.ARMS):
-        p.error(f"--arms: choose from {', '.join(report.ARMS)}")
-    args.arms = arms
+    _checked_arms(args, p)
     if args.url and not args.yes and not args.no_gateway:
         p.error("--url changes that gateway's rollout state (restored afterwards): pass --yes")
     if args.plain and (args.url or args.no_gateway):
@@ -173,13 +179,14 @@ def _checked(args, p: argparse.ArgumentParser) -> None:
 
 
 def _generate(args, p: argparse.ArgumentParser) -> int:
-    """`--task generate`: ops.bench.generate_loop on --model-path, its table and ratios in
-    --out (generate.json, generate.md) and on stdout."""
+    """`--task generate`: ops.bench.generate_loop on --model-path in process, then its arms
+    through a local gateway (ops.bench.generate_gateway); the table and ratios in --out
+    (generate.json, generate.md) and on stdout."""
     from ops.bench import generate_loop
     from serve.recipes.source import is_causal_lm
 
     if args.url or args.peer or args.plain or args.protocol or args.render:
-        p.error("--task generate measures in process: drop --url, --peer, --plain, "
+        p.error("--task generate starts its own local app: drop --url, --peer, --plain, "
                 "--protocol and --render")
     folder = Path(args.model_path or os.environ.get("CANARY_MODEL_PATH") or "")
     if not is_causal_lm(folder):
@@ -187,18 +194,52 @@ def _generate(args, p: argparse.ArgumentParser) -> int:
                 "(e.g. `python -m ops.generate.small_lm DIR`)")
     if args.max_tokens < 2:
         p.error("--max-tokens must be >= 2")
+    if args.no_inprocess and args.no_gateway:
+        p.error("--no-inprocess with --no-gateway leaves nothing to measure")
+    _checked_arms(args, p)
     concurrency = [1, 8, 32] if args.concurrency == DEFAULT_CONCURRENCY else args.concurrency
     say = (lambda line: None) if args.quiet else (
         lambda line: print(f"bench: {line}", file=sys.stderr, flush=True))
-    rows = generate_loop.measure(folder, concurrency, args.max_tokens, say)
+    rows = [] if args.no_inprocess else generate_loop.measure(folder, concurrency,
+                                                              args.max_tokens, say)
+    if not args.no_gateway:
+        try:
+            rows += _generate_gateway(args, folder, concurrency, say)
+        except BenchError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "generate.json").write_text(json.dumps(
-        {"model": str(folder), "cpu": platform.processor(), "rows": rows}, indent=2) + "\n")
-    table = generate_loop.table(rows)
+        {"model": str(folder), "cpu": _hardware(), "settings": dict(args.settings),
+         "rows": rows}, indent=2) + "\n")
+    from ops.bench.generate_gateway import ratios
+    table = generate_loop.table(rows) + "".join(f"{line}\n" for line in ratios(rows))
     (out / "generate.md").write_text(table)
     print(table)
     return 0
+
+
+def _generate_gateway(args, folder: Path, concurrency: list[int], say) -> list[dict]:
+    """The arms through a local app of the settings (a throwaway Redis unless one is given)."""
+    from transformers import AutoTokenizer
+
+    from ops.bench import generate_gateway
+
+    args.model_path = str(folder)
+    settings = _settings(args)
+    with target.redis_for(settings.redis_url if (args.redis_url or os.environ.get("REDIS_URL"))
+                          else None) as redis_url:
+        local = settings.model_copy(update={"redis_url": redis_url})
+        say("starting the local app (Ray Serve)")
+        with target.local_app(local) as url:
+            switch = target.ArmSwitch(local, url)
+            try:
+                return generate_gateway.measure(
+                    url, AutoTokenizer.from_pretrained(folder), args.arms, switch, concurrency,
+                    args.max_tokens, say)
+            finally:
+                switch.restore()
 
 
 def _checked_peers(args, p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from ray.serve.exceptions import BackPressureError
 
 from ops.bench import generate_loop
 from ops.bench.__main__ import main as bench_main
+from ops.bench.generate_gateway import ratios
 from rollout import Arm, Settings
 from serve.common.errors import InputTooLarge, ModelFailed, ModelTimeout, Overloaded
 from serve.gateway.generation import Generation, settings_for
@@ -155,14 +156,21 @@ def test_the_generate_table_gives_the_loops_ratios():
                                   ("decode loop", 1200.0, 15.0))]
     table = generate_loop.table(rows)
     assert "| 8 | decode loop | 1,200.0 | 1.0 / 2.0 | 3.0 / 15.0 |" in table
+    gateway = {**rows[2], "way": "gateway baseline", "tokens_per_s": 480.0}
+    assert ratios([*rows, gateway]) == [
+        "- c=8: the gateway's baseline arm 0.40x the decode loop in process (tokens/s)"]
+    assert ratios(rows) == []  # no gateway row: no ratio
     assert ("- c=8: decode loop 4.80x one at a time, 1.50x the static batch (tokens/s); p99 "
             "inter-token latency 1.25x the static batch's") in table
 
 
-def test_bench_task_generate_refuses_what_it_cannot_measure(tmp_path, capsys):
+def test_bench_task_generate_refuses_what_it_cannot_measure(tmp_path, capsys, causal):
     encoder = make_tiny_encoder(tmp_path / "enc")
     for argv, why in ((["--model-path", str(encoder)], "holds no causal LM"),
-                      (["--url", "http://127.0.0.1:8000"], "measures in process")):
+                      (["--url", "http://127.0.0.1:8000"], "starts its own local app"),
+                      (["--model-path", str(causal), "--no-inprocess", "--no-gateway"],
+                       "leaves nothing to measure"),
+                      (["--model-path", str(causal), "--arms", "canary"], "--arms: choose")):
         with pytest.raises(SystemExit) as exited:
             bench_main(["--task", "generate", *argv])
         assert exited.value.code == 2 and why in capsys.readouterr().err
