@@ -227,19 +227,14 @@ def _generate_gateway(args, folder: Path, concurrency: list[int], say) -> list[d
     from ops.bench import generate_gateway
 
     args.model_path = str(folder)
-    settings = _settings(args)
-    with target.redis_for(settings.redis_url if (args.redis_url or os.environ.get("REDIS_URL"))
-                          else None) as redis_url:
-        local = settings.model_copy(update={"redis_url": redis_url})
-        say("starting the local app (Ray Serve)")
-        with target.local_app(local) as url:
-            switch = target.ArmSwitch(local, url)
-            try:
-                return generate_gateway.measure(
-                    url, AutoTokenizer.from_pretrained(folder), args.arms, switch, concurrency,
-                    args.max_tokens, say)
-            finally:
-                switch.restore()
+    with cells.local_gateway(args, _settings(args), say) as (local, url):
+        switch = target.ArmSwitch(local, url)
+        try:
+            return generate_gateway.measure(
+                url, AutoTokenizer.from_pretrained(folder), args.arms, switch, concurrency,
+                args.max_tokens, say)
+        finally:
+            switch.restore()
 
 
 def _checked_peers(args, p: argparse.ArgumentParser) -> None:

@@ -32,22 +32,31 @@ def measure(args, settings, url, texts, say) -> Measured:
 
     if url:
         return _levels(args, settings, url, texts, say)
+    with local_gateway(args, settings, say) as (local, local_url), \
+            contextlib.ExitStack() as stack:
+        plain_url = None
+        if args.plain:
+            from ops.bench import plain
+
+            say("deploying plain Ray Serve beside it")
+            plain_url = stack.enter_context(plain.deployed(local, local_url))
+        running = stack.enter_context(peers.started(
+            args.peer, source.model_dir(local), args.infinity_venv,
+            Path(args.out) / "peers", say)) if args.peer else {}
+        return _levels(args, local, local_url, texts, say, app=target.APP,
+                       plain_url=plain_url, running=running)
+
+
+@contextlib.contextmanager
+def local_gateway(args, settings, say):
+    """The application of `settings` on a local Ray Serve, on `REDIS_URL` or `--redis-url` when
+    given, else on a throwaway Redis: (the settings it runs with, its URL)."""
     with target.redis_for(settings.redis_url if (args.redis_url or os.environ.get("REDIS_URL"))
                           else None) as redis_url:
         local = settings.model_copy(update={"redis_url": redis_url})
         say("starting the local app (Ray Serve)")
-        with target.local_app(local) as local_url, contextlib.ExitStack() as stack:
-            plain_url = None
-            if args.plain:
-                from ops.bench import plain
-
-                say("deploying plain Ray Serve beside it")
-                plain_url = stack.enter_context(plain.deployed(local, local_url))
-            running = stack.enter_context(peers.started(
-                args.peer, source.model_dir(local), args.infinity_venv,
-                Path(args.out) / "peers", say)) if args.peer else {}
-            return _levels(args, local, local_url, texts, say, app=target.APP,
-                           plain_url=plain_url, running=running)
+        with target.local_app(local) as url:
+            yield local, url
 
 
 def _levels(args, settings, url, texts, say, app=None, plain_url=None,

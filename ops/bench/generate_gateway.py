@@ -151,16 +151,16 @@ def measure(url: str, tokenizer, arms: list[str], switch, concurrencies: list[in
     import httpx
 
     model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    cells = {c: prompts(tokenizer, max(16, 2 * c)) for c in concurrencies}  # the same per arm
+    warm = prompts(tokenizer, 16)[:4]
     rows = []
     for arm in arms:
         switch.force(arm)
-        warm = prompts(tokenizer, 16)[:4]
         asyncio.run(streamed_cell(url, model, "warm-up", warm, [4] * len(warm), 2))
-        for c in concurrencies:
-            requests = prompts(tokenizer, max(16, 2 * c))
+        for c, requests in cells.items():
             wanted = lengths(len(requests), max_tokens)
             rows.append(asyncio.run(streamed_cell(url, model, f"gateway {arm}", requests, wanted,
-                                          c)).row())
+                                                  c)).row())
             say(f"c={c} gateway {arm}: {rows[-1]['tokens_per_s']} tokens/s, ITL p99 "
                 f"{rows[-1]['itl_p99_ms']} ms {rows[-1]['note']}")
     return rows

@@ -38,7 +38,7 @@ class Stub:
     def __init__(self, results: dict):
         self.results, self.calls = results, []
 
-    def __call__(self, found, recipe, thresholds, *, beaten_by=None, progress=None):
+    def __call__(self, found, recipe, thresholds, *, beaten_by=None):
         assert found == "the reference"
         self.calls.append((recipe, beaten_by))
         outcome = self.results[recipe]

@@ -19,13 +19,12 @@ once per weights, host and settings and cached as an encoder's choice is
    kept: a screen of one round on one batch of the first size, SCREEN_TOKENS tokens each (a
    candidate screened more than serve.recipes.auto.trial.SCREEN_MARGIN below the bar is refused
    on it), then twice that many prompts per size, arms interleaved, best of ROUNDS. A candidate
-   no faster than the bar (fp32,
-   `min_speedup`, or an earlier candidate that passed: it could not win) is refused without its
-   fidelity measured. Then every reference continuation teacher-forced through both models
-   (serve.generative.fidelity.score_response), summed per response (rollout.token_fidelity) and
-   judged by verify's rule with `auto`'s margin (rollout.verdict.auto_thresholds: the top-1
-   token agreement's bar raised, the KL divergence's lowered by the same share of its budget),
-   and faster than fp32 whatever `min_speedup` says.
+   no faster than the bar (fp32, `min_speedup`, or an earlier candidate that passed: it could
+   not win) is refused without its fidelity measured. Then every reference continuation
+   teacher-forced through both models (serve.generative.fidelity.score_response), summed per
+   response (rollout.token_fidelity) and judged by verify's rule with `auto`'s margin
+   (rollout.verdict.auto_thresholds: the top-1 token agreement's bar raised, the KL divergence's
+   lowered by the same share of its budget), and faster than fp32 whatever `min_speedup` says.
 4. **Pick** the fastest passing (serve.recipes.auto.choose.pick: ties within TIE go to the
    earlier in preference order). The key hashes, beside an encoder's parts, the task and the
    settings that shape the measurement (prompts, their share, continuation length, batches).
@@ -113,8 +112,7 @@ def choose(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings,
            hardware: Hardware | None = None, clock: Clock | None = None) -> Choice:
     """The cached choice for these weights, host and settings, or one measured now and cached.
     `served_batch`: the most sequences a replica decodes together (`max_batch_size`).
-    `measure(reference, name, thresholds, beaten_by=, progress=)` defaults to
-    `measure_candidate`."""
+    `measure(reference, name, thresholds, beaten_by=)` defaults to `measure_candidate`."""
     hardware = hardware or detect_hardware("cpu")
     batches = tuple(sorted({served_batch, verify.verify_speed_batch}))
     key, context = choice_key(model, recipe, verify, weights=weights, hardware=hardware,
@@ -127,7 +125,7 @@ def choose(model: ModelSettings, recipe: RecipeSettings, verify: VerifySettings,
         found = reference(verify, fp32, tokenizer, batches, progress=progress)
         thresholds = auto_thresholds(verify)
         evidence = measure_each(names, lambda name, beaten_by: (measure or measure_candidate)(
-            found, name, thresholds, beaten_by=beaten_by, progress=progress), progress, clock)
+            found, name, thresholds, beaten_by=beaten_by), progress, clock)
         return pick(evidence, hardware, recipe.hide_native_bf16, fallback=FALLBACK, key=key,
                     context=context, at=clock.time())
 
@@ -167,8 +165,8 @@ def reference(settings: VerifySettings, fp32, tokenizer, batches: tuple[int, ...
 
 
 def measure_candidate(found: Reference, recipe: str, thresholds: Thresholds, *,
-             beaten_by: tuple[str, float] | None = None, progress=None,
-             timer: Callable[[], float] = time.perf_counter) -> Evidence:
+                      beaten_by: tuple[str, float] | None = None,
+                      timer: Callable[[], float] = time.perf_counter) -> Evidence:
     """Step 3 for one candidate."""
     start = timer()
     model = build(copy.deepcopy(found.model), recipe)
