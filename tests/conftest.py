@@ -1,8 +1,11 @@
 """Shared by every tier: each test's tier marker, from its folder; and the tests' own cache folder,
 so built artifacts (serve.recipes.artifact), `auto` choices (serve.recipes.auto.choose) and plans
-never mix with the user's ~/.cache, nor a run with another."""
+never mix with the user's ~/.cache, nor a run with another. A crash in native code prints the
+crashing thread's stack only, so that it stays within what CI shows of a run's output."""
 
+import faulthandler
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,14 @@ def pytest_collection_modifyitems(items):
                 f"tests/{where.as_posix()} sets the tier mark {marked}: its folder sets the tier "
                 f"(tests/{tier}); drop the mark, or move the file")
         item.add_marker(tier)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin enables its own
+def pytest_configure(config):
+    """pytest's faulthandler dumps every thread (Ray's, gRPC's, pools'), which pushes the one that
+    crashed out of a truncated log. The dump goes to a copy of standard error taken now, as the
+    plugin's does: once a test runs, descriptor 2 is pytest's capture."""
+    faulthandler.enable(file=os.dup(sys.stderr.fileno()), all_threads=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

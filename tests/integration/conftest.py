@@ -3,7 +3,9 @@ import pytest
 from tests.servers import RedisServer
 
 
-@pytest.fixture(scope="session")
+# package scope: torn down after the tier's last test, so that neither this Redis nor the Ray
+# cluster behind `gateway` lives on (and costs CPU) through the unit tier after it
+@pytest.fixture(scope="package")
 def redis_server():
     server = RedisServer().start()
     yield server
@@ -30,7 +32,7 @@ def redis_url(redis_server):
     return redis_server.url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gateway(tmp_path_factory):
     """The real Serve app (tiny encoder on both arms), shared by the gateway tests."""
     from tests.serve_app import start_gateway, stop_gateway

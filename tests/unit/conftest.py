@@ -4,7 +4,9 @@ While a unit test runs, `ray.init`, `serve.start` and `serve.run` raise `UnitTie
 does a socket connection to anything but this machine's loopback (127.0.0.0/8, ::1, `localhost`)
 or a unix socket. Ray is never imported for it: its entry points are replaced when the test starts
 if `ray` is already imported, or the moment the test imports it. A refusal that the code under
-test catches still fails the test, at teardown. Tests outside tests/unit are not fenced.
+test catches still fails the test, at teardown. A Ray that an earlier tier left running in the
+process (a fixture scoped wider than its tier) fails each unit test before it starts: its threads
+would run under the unit tier. Tests outside tests/unit are not fenced.
 """
 
 from __future__ import annotations
@@ -129,6 +131,11 @@ class _FenceOnImport(importlib.abc.MetaPathFinder):
 @pytest.fixture(autouse=True)
 def unit_fence():
     """Refuses Ray and outside connections for the test (see the module docstring)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        pytest.fail("Ray is still running in this process, left by an earlier tier's fixture: "
+                    "scope it to its tier (package), so that no Ray thread runs under a unit "
+                    "test", pytrace=False)
     fence = Fence()
     with pytest.MonkeyPatch.context() as mp:
         _fence_sockets(mp, fence)

@@ -30,13 +30,11 @@ def test_ray_and_serve_are_refused(unit_fence):
     import ray
     from ray import serve
 
-    # in a whole-suite run the integration tier's session app may still be up: nothing changes
-    initialized = ray.is_initialized()
     for start, name in ((ray.init, r"ray\.init"), (serve.start, r"ray\.serve\.start"),
                         (serve.run, r"ray\.serve\.run")):
         with pytest.raises(UnitTierError, match=rf"{name}\(\) in a unit test: .*tests/integration"):
             start()
-    assert ray.is_initialized() == initialized and len(unit_fence.refused) == 3
+    assert not ray.is_initialized() and len(unit_fence.refused) == 3
     unit_fence.refused.clear()  # refused on purpose: the fixture would fail the test for them
 
 
@@ -206,6 +204,25 @@ def test_the_fence_holds_in_unit_tests_and_nowhere_else(tmp_path):
             "test" in out), out
     assert "PASSED tests/integration/test_b.py::test_not_fenced" in out, out
     assert "3 passed, 1 error" in out, out  # the swallowing test passes, then errs
+
+
+LEFT_RUNNING = """
+import sys
+import types
+
+
+def test_leaves_ray_running():  # as a fixture of a wider scope than its tier would
+    sys.modules["ray"] = types.SimpleNamespace(is_initialized=lambda: True, init=None)
+"""
+
+
+def test_a_ray_left_running_by_an_earlier_tier_fails_each_unit_test(tmp_path):
+    root = tree(tmp_path, {"tests/integration/test_b.py": LEFT_RUNNING,
+                           "tests/unit/test_a.py": "def test_a(): pass\n"})
+    run = pytest_in(root, "tests/integration", "tests/unit", "-rA")
+    assert "PASSED tests/integration/test_b.py::test_leaves_ray_running" in run.stdout, run.stdout
+    assert "ERROR tests/unit/test_a.py::test_a" in run.stdout, run.stdout
+    assert "Ray is still running in this process, left by an earlier tier's" in run.stdout
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [
