@@ -5,6 +5,13 @@ attention mask hides the padding. A sequence joins with the cache of its own pre
 the batch's width, or the batch padded to its length), leaves by dropping its row, and padding
 every remaining row shares is trimmed. Each decode step feeds every row its last token at its own
 position and grows every row by one.
+
+A step where sequences join can be one packed forward (`step_joining`): every running row's last
+token and every joiner's whole prompt laid end to end as one sequence of tokens, each at its own
+position, attending through a block mask to its own row's cache and its own earlier tokens only.
+The joiners' prefill then costs the step a few more tokens rather than a forward of its own (on
+a small model most of a forward's time is per layer, not per token), and no row is padded by
+another's prompt. The new keys and values are placed into the left-padded batch after it.
 """
 
 from __future__ import annotations
@@ -74,6 +81,85 @@ class PaddedBatch:
                       attention_mask=mask, position_ids=torch.tensor(positions).unsqueeze(1))
         self.cache, self.mask = cache_of(out), mask
         return out.logits[:, -1, :]
+
+
+    def step_joining(self, model, last: list[int], positions: list[int],
+                     prompts: list[list[int]]) -> torch.Tensor:
+        """A decode step for every row and the prefill of `prompts` in one packed forward (the
+        module docstring); the logits of each row's next token, then each prompt's first, as
+        (rows + prompts) x vocabulary. The prompts join as the batch's last rows."""
+        rows, lengths = self.rows, [len(p) for p in prompts]
+        ids = torch.tensor([*last, *(token for p in prompts for token in p)]).unsqueeze(0)
+        at = torch.tensor([*positions, *(i for n in lengths for i in range(n))]).unsqueeze(0)
+        ends = torch.tensor(lengths).cumsum(0) + rows - 1  # each prompt's last token
+        keep = torch.cat([torch.arange(rows), ends])
+        packed = _Packed(self.layers)
+        dtype = self.layers[0][0].dtype
+        out = forward(model, packed, input_ids=ids, position_ids=at,
+                      attention_mask=_packed_mask(self.mask, lengths, dtype),
+                      logits_to_keep=keep)
+        logits = out.logits[0]
+        if logits.shape[0] != len(keep):  # a wrapper that computed every token's
+            logits = logits[keep]
+        width = max(self.width + 1, *lengths)
+        self.layers = [(_placed(k, nk, lengths, width), _placed(v, nv, lengths, width))
+                       for (k, v), (nk, nv) in zip(self.layers, packed.new, strict=True)]
+        joined = [[0] * (width - n) + [1] * n for n in lengths]
+        self.mask = torch.cat([_left_pad(torch.cat(
+            [self.mask, torch.ones(rows, 1, dtype=torch.long)], dim=1), width),
+            torch.tensor(joined, dtype=torch.long)])
+        return logits
+
+
+class _Packed:
+    """The cache a packed forward reads: per layer, every row's cached keys (values) end to end,
+    then the step's new ones. It keeps the new ones for the batch to place."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.old, self.new = layers, []
+
+    def update(self, keys, values, layer_idx, kwargs=None, **_):
+        old_keys, old_values = self.old[layer_idx]
+        self.new.append((keys[0], values[0]))  # KV heads x tokens x head size
+        return _end_to_end(old_keys, keys), _end_to_end(old_values, values)
+
+
+def _end_to_end(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """rows x heads x width x size, and 1 x heads x tokens x size: 1 x heads x (rows x width +
+    tokens) x size."""
+    heads, size = old.shape[1], old.shape[3]
+    return torch.cat([old.transpose(0, 1).reshape(heads, -1, size), new[0]], dim=1).unsqueeze(0)
+
+
+def _packed_mask(mask: torch.Tensor, lengths: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask of a packed step, 1 x 1 x tokens x (rows x width + tokens): a running
+    row's token sees its row's real cache columns and itself; a prompt's token its own prompt
+    up to itself."""
+    rows, width = mask.shape
+    owner = torch.cat([torch.arange(rows), torch.repeat_interleave(
+        torch.arange(rows, rows + len(lengths)), torch.tensor(lengths))])
+    cached = (owner[:, None] == torch.arange(rows * width)[None, :] // width) \
+        & mask.reshape(-1).bool()[None, :]
+    token = torch.arange(len(owner))
+    new = (owner[:, None] == owner[None, :]) & (token[None, :] <= token[:, None])
+    seen = torch.cat([cached, new], dim=1)
+    return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[
+        None, None]
+
+
+def _placed(old: torch.Tensor, new: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """A packed step's new keys (values), heads x tokens x size, placed: each running row's one
+    after its cache, each prompt's as a row of its own; all left-padded to `width`."""
+    rows = old.shape[0]
+    running = _left_pad(torch.cat([old, new[:, :rows].transpose(0, 1).unsqueeze(2)], dim=2),
+                        width)
+    padded = torch.cat([new.new_zeros(new.shape[0], 1, new.shape[2]), new[:, rows:]], dim=1)
+    index, start = [], 1  # 0 is the zero column
+    for n in lengths:
+        index.append([0] * (width - n) + list(range(start, start + n)))
+        start += n
+    joined = padded[:, torch.tensor(index)].transpose(0, 1)  # prompts x heads x width x size
+    return torch.cat([running, joined])
 
 
 def prefill(model, prompts: list[list[int]]):

@@ -4,8 +4,10 @@ Sequences are submitted from any thread and wait in order of arrival. Between tw
 the loop drops the sequences that finished, were cancelled or ran past their deadline (freeing
 their KV cache at once), then admits waiting ones while the KV budget (serve.generative.kv) grants
 them, up to `prefill_tokens` of prompt a step (so a burst of arrivals cannot stall the running
-sequences for long): they are prefilled together in one forward and join the running batch
-(serve.generative.batch). One decode step then gives every running sequence its next token.
+sequences for long). Where sequences are running, the joiners' prefill and the running rows'
+decode step are one packed forward (serve.generative.batch `step_joining`); otherwise, or where
+the model cannot take a packed forward, the joiners are prefilled together in one forward and
+join the running batch, and one decode step then gives every running sequence its next token.
 Each sequence hears of its tokens and its end through its own `emit`, called on the loop's
 thread: an event per token (its text may be empty while a character or a possible stop string
 is incomplete), then one that ends it.
@@ -64,8 +66,10 @@ class Sequence:
 
 class DecodeLoop:
     def __init__(self, model, tokenizer, budget: KvBudget, *, max_batch: int = 32,
-                 prefill_tokens: int = 1024, clock: Callable[[], float] = time.monotonic):
+                 prefill_tokens: int = 1024, packed: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
         self.model, self.tokenizer, self.budget = model, tokenizer, budget
+        self.packed = packed  # off for good once the model refuses a packed forward
         self.max_batch, self.prefill_tokens, self.clock = max_batch, prefill_tokens, clock
         self.context = getattr(model.config, "max_position_embeddings", None) or 2048
         self.eos = _eos_ids(model, tokenizer)
@@ -132,12 +136,13 @@ class DecodeLoop:
         anything to do."""
         ran = self._jobs()
         self._leave()  # cancelled or late since the last step
-        self._join()
-        self._leave()  # those that ended on their first token
+        stepped = self._join()
+        self._leave()  # those that ended on their first token (or this step's)
         if not self.running:
             return bool(self.waiting) or ran
-        self._decode()
-        self._leave()  # those that ended on this step's token: their cache is freed now
+        if not stepped:
+            self._decode()
+            self._leave()  # those that ended on this step's token: their cache is freed now
         return True
 
     def fail_all(self, error: str) -> None:
@@ -196,9 +201,10 @@ class DecodeLoop:
             self.running = [self.running[i] for i in keep]
         self.budget.holds(self.batch.rows * self.batch.width)
 
-    def _join(self) -> None:
+    def _join(self) -> bool:
         """Admits waiting sequences in order while the budget grants them, up to
-        `prefill_tokens` of prompt a step (at least one sequence), prefilled together."""
+        `prefill_tokens` of prompt a step (at least one sequence), prefilled together; whether
+        the running sequences took this step's token too (a packed step)."""
         joining: list[Sequence] = []
         while self.waiting and len(self.running) + len(joining) < self.max_batch:
             sequence = self.waiting[0]
@@ -210,8 +216,35 @@ class DecodeLoop:
             if not self.budget.admits(rows, width, sequence.row()):
                 break
             joining.append(self.waiting.popleft())
+        if joining and self.running and self.packed and self._packed(joining):
+            return True
         if joining:
             self._prefill(joining)
+        return False
+
+    def _packed(self, joining: list[Sequence]) -> bool:
+        """The running rows' decode step and the joiners' prefill in one forward; False (the
+        batch untouched) where that forward fails, and for good where the model refuses it
+        for another reason than memory."""
+        began = self.clock()
+        for sequence in joining:
+            sequence.admitted = began
+        try:
+            with torch.inference_mode():
+                logits = self.batch.step_joining(
+                    self.model, [s.generated[-1] for s in self.running],
+                    [s.length - 1 for s in self.running], [s.prompt for s in joining])
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                log.warning("packed prefill refused (%s: %s); prefill and decode apart from "
+                            "now on", type(exc).__name__, exc)
+                self.packed = False
+            return False
+        running = self.running
+        self.running = [*running, *joining]
+        self._take([*running, *joining], logits)
+        self.budget.holds(self.batch.rows * self.batch.width)
+        return True
 
     def _prefill(self, joining: list[Sequence]) -> None:
         """Prefills `joining` in one forward and adds them to the batch; where that runs out

@@ -1,7 +1,8 @@
-"""The decode loop (serve.generative.decode) with the real small LM: sequences join and leave a
-running batch between steps and each still gets the model's own greedy tokens; the KV budget
-admits what fits, holds the rest and refuses what never fits; cancellation, deadlines, seeds,
-stop strings and a failing forward each end only their own sequence."""
+"""The decode loop (serve.generative.decode) with the real small LM: sequences join (packed into
+the running rows' step, or prefilled apart) and leave a running batch between steps and each
+still gets the model's own greedy tokens; the KV budget admits what fits, holds the rest and
+refuses what never fits; cancellation, deadlines, seeds, stop strings and a failing forward each
+end only their own sequence."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from serve.generative.batch import PaddedBatch, prefill
 from serve.generative.decode import (
     DecodeLoop,
     Event,
@@ -77,9 +79,26 @@ def until_done(loop, sequences, steps: int = 500) -> None:
     raise AssertionError("sequences never finished")
 
 
-def test_each_joining_sequence_gets_the_models_own_greedy_tokens(lm):
+class FailingModel(torch.nn.Module):
+    """The small LM, failing the forwards `fails` picks as a machine out of memory does (or
+    with `error` for any other failure)."""
+
+    def __init__(self, model, fails, error: str = "DefaultCPUAllocator: can't allocate memory"):
+        super().__init__()
+        self.model, self.fails, self.error = model, fails, error
+        self.config, self.generation_config = model.config, model.generation_config
+
+    def forward(self, input_ids, **kwargs):
+        if self.fails(input_ids):
+            raise RuntimeError(self.error)
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed joins", "prefill apart"])
+def test_each_joining_sequence_gets_the_models_own_greedy_tokens(lm, packed):
     model, tokenizer = lm
-    loop = loop_of(lm)
+    counted = CountingModel(model, None)
+    loop = DecodeLoop(counted, tokenizer, KvBudget(10**8, cost(model)), packed=packed)
     sequences = []
     for i, prompt in enumerate(PROMPTS):  # a new sequence joins every third step
         sequences.append(submit(loop, tokenizer, prompt, max_tokens=12 + 3 * i))
@@ -93,6 +112,121 @@ def test_each_joining_sequence_gets_the_models_own_greedy_tokens(lm):
         assert heard.text == tokenizer.decode(sequence.generated, skip_special_tokens=True)
     assert loop.sequences_running == 0 and loop.batch.rows == 0
     assert loop.budget.in_use_bytes == 0 < loop.budget.peak_bytes
+    # five of the six join running sequences: packed, each of those steps is one forward
+    assert counted.packed == (5 if packed else 0) and loop.packed == packed
+    assert counted.forwards == counted.packed + (1 if packed else 6) + counted.steps
+
+
+class CountingModel(FailingModel):
+    """The small LM, counting its forwards: packed steps (a 4D mask), decode steps (one token a
+    row) and the rest (prefills)."""
+
+    forwards = packed = steps = 0
+
+    def forward(self, input_ids, **kwargs):
+        self.forwards += 1
+        self.packed += kwargs["attention_mask"].dim() == 4
+        self.steps += input_ids.shape[1] == 1 and kwargs["attention_mask"].dim() == 2
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_packed_step_answers_and_caches_as_a_step_then_a_prefill(lm):
+    model, tokenizer = lm
+    running = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    joining = [tokenizer(p)["input_ids"] for p in (PROMPTS[4], PROMPTS[5])]  # longer, shorter
+    packed, apart = PaddedBatch(), PaddedBatch()
+    with torch.inference_mode():
+        for batch in (packed, apart):
+            cache, mask, logits = prefill(model, running)
+            batch.join(cache, mask)
+        last, positions = logits.argmax(-1).tolist(), [len(p) for p in running]
+        both = packed.step_joining(model, last, positions, joining)
+        step = apart.step(model, last, positions)
+        cache, mask, first = prefill(model, joining)
+        apart.join(cache, mask)
+        assert torch.allclose(both, torch.cat([step, first]), atol=1e-4)
+        for (keys, values), (other_keys, other_values) in zip(packed.layers, apart.layers,
+                                                              strict=True):
+            for row in range(4):  # each row's real columns, whatever its padding
+                real, other = packed.mask[row].bool(), apart.mask[row].bool()
+                assert torch.allclose(keys[row][:, real], other_keys[row][:, other], atol=1e-5)
+                assert torch.allclose(values[row][:, real], other_values[row][:, other],
+                                      atol=1e-5)
+        nexts = both.argmax(-1).tolist()
+        places = [len(p) + 1 for p in running] + [len(p) for p in joining]
+        assert torch.allclose(packed.step(model, nexts, places), apart.step(model, nexts, places),
+                              atol=1e-4)
+
+
+class EveryLogitModel(CountingModel):
+    """The small LM behind a wrapper that drops `logits_to_keep`: logits for every token."""
+
+    def forward(self, input_ids, **kwargs):
+        kwargs.pop("logits_to_keep", None)
+        return super().forward(input_ids, **kwargs)
+
+
+def test_a_model_that_keeps_every_tokens_logits_still_packs(lm):
+    model, tokenizer = lm
+    wrapped = EveryLogitModel(model, None)
+    loop = DecodeLoop(wrapped, tokenizer, KvBudget(10**8, cost(model)))
+    first, _ = submit(loop, tokenizer, PROMPTS[0], max_tokens=8)
+    loop.step()
+    second, _ = submit(loop, tokenizer, PROMPTS[4], max_tokens=8)
+    until_done(loop, [first, second])
+    assert wrapped.packed == 1 and loop.packed
+    for sequence in (first, second):
+        assert_greedy(model, sequence.prompt, sequence.generated)
+
+
+class NoPackedModel(FailingModel):
+    """The small LM refusing a 4D attention mask, as a model whose attention cannot take one."""
+
+    def forward(self, input_ids, **kwargs):
+        if kwargs["attention_mask"].dim() == 4:
+            raise ValueError("custom 4D attention masks are not supported")
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_refuses_a_packed_step_is_prefilled_apart_from_then_on(lm, caplog):
+    model, tokenizer = lm
+    loop = DecodeLoop(NoPackedModel(model, None), tokenizer, KvBudget(10**8, cost(model)))
+    first, _ = submit(loop, tokenizer, PROMPTS[0], max_tokens=8)
+    loop.step()
+    second, _ = submit(loop, tokenizer, PROMPTS[1], max_tokens=8)
+    until_done(loop, [first, second])
+    assert loop.packed is False and "packed prefill refused (ValueError" in caplog.text
+    for sequence in (first, second):
+        assert sequence.finish in ("length", "stop")
+        assert_greedy(model, sequence.prompt, sequence.generated)
+
+
+class FirstPackedOutOfMemory(FailingModel):
+    """The small LM, out of memory in its first packed forward only."""
+
+    tries = 0
+
+    def forward(self, input_ids, **kwargs):
+        if kwargs["attention_mask"].dim() == 4:
+            self.tries += 1
+            if self.tries == 1:
+                raise RuntimeError(self.error)
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_packed_step_out_of_memory_is_taken_apart_and_packing_goes_on(lm):
+    model, tokenizer = lm
+    failing = FirstPackedOutOfMemory(model, None)
+    loop = DecodeLoop(failing, tokenizer, KvBudget(10**8, cost(model)))
+    sequences = [submit(loop, tokenizer, PROMPTS[0], max_tokens=10)[0]]
+    for prompt in PROMPTS[1:3]:
+        loop.step()
+        sequences.append(submit(loop, tokenizer, prompt, max_tokens=10)[0])
+    until_done(loop, sequences)
+    assert failing.tries == 2 and loop.packed  # the second join was packed again
+    for sequence in sequences:
+        assert sequence.finish in ("length", "stop")
+        assert_greedy(model, sequence.prompt, sequence.generated)
 
 
 def test_the_budget_holds_what_does_not_fit_now_and_refuses_what_never_fits(lm):
@@ -219,21 +353,6 @@ def test_text_pieces_make_up_any_script_exactly(lm):
     pieces = [stream.push(token) for token in ids] + [stream.flush()]
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
-
-
-class FailingModel(torch.nn.Module):
-    """The small LM, failing the forwards `fails` picks as a machine out of memory does (or
-    with `error` for any other failure)."""
-
-    def __init__(self, model, fails, error: str = "DefaultCPUAllocator: can't allocate memory"):
-        super().__init__()
-        self.model, self.fails, self.error = model, fails, error
-        self.config, self.generation_config = model.config, model.generation_config
-
-    def forward(self, input_ids, **kwargs):
-        if self.fails(input_ids):
-            raise RuntimeError(self.error)
-        return self.model(input_ids=input_ids, **kwargs)
 
 
 def test_a_prefill_out_of_memory_fails_its_sequence_only(lm):
