@@ -48,7 +48,9 @@ def test_the_stream_is_bounded_by_maxlen(redis_url):
         newest = writer.flips(5)
         assert [r.text for r in newest] == [f"t{i}" for i in range(495, 500)]
         assert newest[-1].request_id == "req-t499" and newest[-1].baseline_margin == 0.25
-        assert newest[0].id < newest[-1].id  # oldest first, stream ids attached
+        # oldest first, stream ids attached ("<ms>-<seq>": compared as numbers, not text)
+        assert [tuple(map(int, r.id.split("-"))) for r in newest] == sorted(
+            tuple(map(int, r.id.split("-"))) for r in newest)
     finally:
         writer.close()
 
