@@ -8,19 +8,25 @@ position and grows every row by one.
 
 A step where sequences join can be one packed forward (`step_joining`): every running row's last
 token and every joiner's whole prompt laid end to end as one sequence of tokens, each at its own
-position, attending through a block mask to its own row's cache and its own earlier tokens only.
-The joiners' prefill then costs the step a few more tokens rather than a forward of its own (on
-a small model most of a forward's time is per layer, not per token), and no row is padded by
-another's prompt. The new keys and values are placed into the left-padded batch after it.
+position, so the linear layers see only real tokens. Attention is split (`packed_attention`, an
+attention function registered with transformers for that forward): the running rows' tokens
+attend as a decode step does, each to its own row's cache, and the prompts as a prefill does,
+each causally within itself. The joiners' prefill then costs the step a few more tokens rather
+than a forward of its own (on a small model most of a forward's time is per layer, not per
+token), and no row is padded by another's prompt. The new keys and values join the left-padded
+batch after it. Only architectures whose attention is plain scaled dot-product over the cache
+(`PACKABLE`, no sliding window, no logit soft-capping) take it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
-from transformers import DynamicCache
+from torch.nn import functional
+from transformers import AttentionInterface, DynamicCache
 
 
 class PaddedBatch:
@@ -93,73 +99,104 @@ class PaddedBatch:
         at = torch.tensor([*positions, *(i for n in lengths for i in range(n))]).unsqueeze(0)
         ends = torch.tensor(lengths).cumsum(0) + rows - 1  # each prompt's last token
         keep = torch.cat([torch.arange(rows), ends])
-        packed = _Packed(self.layers)
-        dtype = self.layers[0][0].dtype
-        out = forward(model, packed, input_ids=ids, position_ids=at,
-                      attention_mask=_packed_mask(self.mask, lengths, dtype),
-                      logits_to_keep=keep)
+        plan = _Packed(self.layers, self.mask, lengths)
+        config = model.config
+        before = config._attn_implementation
+        config._attn_implementation, _ACTIVE.plan = PACKED, plan
+        try:  # a 4D mask is passed through as it is; the plan holds the real one
+            out = forward(model, plan, input_ids=ids, position_ids=at, logits_to_keep=keep,
+                          attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool))
+        finally:
+            config._attn_implementation, _ACTIVE.plan = before, None
         logits = out.logits[0]
         if logits.shape[0] != len(keep):  # a wrapper that computed every token's
             logits = logits[keep]
-        width = max(self.width + 1, *lengths)
-        self.layers = [(_placed(k, nk, lengths, width), _placed(v, nv, lengths, width))
-                       for (k, v), (nk, nv) in zip(self.layers, packed.new, strict=True)]
-        joined = [[0] * (width - n) + [1] * n for n in lengths]
-        self.mask = torch.cat([_left_pad(torch.cat(
-            [self.mask, torch.ones(rows, 1, dtype=torch.long)], dim=1), width),
-            torch.tensor(joined, dtype=torch.long)])
+        self.layers, width = plan.placed, plan.width
+        self.mask = torch.cat([_left_pad(plan.running_mask[:, 0, 0].long(), width),
+                               _left_pad(plan.valid.long(), width)])
         return logits
 
 
-class _Packed:
-    """The cache a packed forward reads: per layer, every row's cached keys (values) end to end,
-    then the step's new ones. It keeps the new ones for the batch to place."""
+PACKED = "canary_packed"  # the attention function's name in transformers' registry
+PACKABLE = ("llama", "mistral", "qwen2", "qwen3")  # plain attention over the whole cache
+_ACTIVE = threading.local()  # the plan of the packed forward running on this thread
 
-    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]):
-        self.old, self.new = layers, []
+
+def packable(config) -> bool:
+    """Whether a model of `config` can take a packed step (`packed_attention`)."""
+    return (getattr(config, "model_type", None) in PACKABLE
+            and not getattr(config, "sliding_window", None)
+            and not getattr(config, "attn_logit_softcapping", None))
+
+
+class _Packed:
+    """A packed step's plan and the cache its forward reads. Tokens 0..rows-1 are the running
+    rows'; the prompts' follow, end to end. `gather` lays each prompt out as a left-padded row
+    (`valid` marks its real slots); `placed` collects, per layer, the batch's keys and values
+    after the step (the running rows, then the prompts, `width` wide)."""
+
+    def __init__(self, layers, mask: torch.Tensor, lengths: list[int]):
+        self.old, rows, width = layers, mask.shape[0], max(lengths)
+        self.width = max(mask.shape[1] + 1, width)  # the batch's after the step
+        self.running_mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)],
+                                      dim=1).bool()[:, None, None, :]
+        first = (torch.tensor(lengths).cumsum(0) - torch.tensor(lengths) + rows).tolist()
+        slots = torch.arange(width)
+        pad = torch.tensor([width - n for n in lengths])[:, None]
+        self.valid = slots[None, :] >= pad  # prompts x width
+        self.gather = torch.tensor(first)[:, None] + (slots[None, :] - pad).clamp(min=0)
+        causal = slots[None, :] <= slots[:, None]
+        self.joined_mask = ((causal[None] & self.valid[:, None, :])
+                            | torch.eye(width, dtype=torch.bool)[None])[:, None]
+        self.real = self.valid.reshape(-1).nonzero()[:, 0]  # flat slots, in token order
+        self.placed: list[tuple[torch.Tensor, ...]] = []
 
     def update(self, keys, values, layer_idx, kwargs=None, **_):
-        old_keys, old_values = self.old[layer_idx]
-        self.new.append((keys[0], values[0]))  # KV heads x tokens x head size
-        return _end_to_end(old_keys, keys), _end_to_end(old_values, values)
+        return keys, values  # packed_attention reads the old cache from the plan
 
 
-def _end_to_end(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """rows x heads x width x size, and 1 x heads x tokens x size: 1 x heads x (rows x width +
-    tokens) x size."""
-    heads, size = old.shape[1], old.shape[3]
-    return torch.cat([old.transpose(0, 1).reshape(heads, -1, size), new[0]], dim=1).unsqueeze(0)
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                     **_):
+    """transformers' attention-function signature: query 1 x heads x tokens x size, key and
+    value 1 x KV heads x tokens x size (this step's, rotated); 1 x tokens x heads x size."""
+    plan: _Packed = _ACTIVE.plan
+    old_keys, old_values = plan.old[module.layer_idx]
+    rows, heads = old_keys.shape[0], query.shape[1]
+    q, k, v = query[0], key[0], value[0]
+    gqa = heads != k.shape[0]
+    keys, values = _placed(old_keys, k, plan), _placed(old_values, v, plan)
+    seen = old_keys.shape[2] + 1  # a running row's columns, its new one last
+    running = functional.scaled_dot_product_attention(
+        q[:, :rows].transpose(0, 1).unsqueeze(2), keys[:rows, :, -seen:],
+        values[:rows, :, -seen:], attn_mask=plan.running_mask, scale=scaling,
+        enable_gqa=gqa)  # rows x heads x 1 x size
+    width = plan.valid.shape[1]
+    joined = functional.scaled_dot_product_attention(
+        q[:, plan.gather].transpose(0, 1), keys[rows:, :, -width:], values[rows:, :, -width:],
+        attn_mask=plan.joined_mask, scale=scaling, enable_gqa=gqa)  # prompts x heads x width
+    plan.placed.append((keys, values))
+    out = torch.cat([running[:, :, 0], joined.transpose(1, 2).reshape(
+        -1, heads, joined.shape[-1])[plan.real]])
+    return out.unsqueeze(0), None
 
 
-def _packed_mask(mask: torch.Tensor, lengths: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask of a packed step, 1 x 1 x tokens x (rows x width + tokens): a running
-    row's token sees its row's real cache columns and itself; a prompt's token its own prompt
-    up to itself."""
-    rows, width = mask.shape
-    owner = torch.cat([torch.arange(rows), torch.repeat_interleave(
-        torch.arange(rows, rows + len(lengths)), torch.tensor(lengths))])
-    cached = (owner[:, None] == torch.arange(rows * width)[None, :] // width) \
-        & mask.reshape(-1).bool()[None, :]
-    token = torch.arange(len(owner))
-    new = (owner[:, None] == owner[None, :]) & (token[None, :] <= token[:, None])
-    seen = torch.cat([cached, new], dim=1)
-    return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[
-        None, None]
+def _placed(old: torch.Tensor, new: torch.Tensor, plan: _Packed) -> torch.Tensor:
+    """The batch's keys (values) after a packed step, written once: each running row's cache
+    then its new column, each prompt's as a row of its own, all left-padded to `plan.width`.
+    `old`: rows x KV heads x width x size; `new`: KV heads x tokens x size."""
+    rows, heads, seen, size = old.shape
+    width = plan.valid.shape[1]
+    out = old.new_empty(rows + plan.valid.shape[0], heads, plan.width, size)
+    out[:rows, :, :plan.width - seen - 1] = 0
+    out[:rows, :, plan.width - seen - 1:-1] = old
+    out[:rows, :, -1] = new[:, :rows].transpose(0, 1)
+    out[rows:, :, :plan.width - width] = 0
+    out[rows:, :, plan.width - width:] = new[:, plan.gather].transpose(0, 1) \
+        * plan.valid[:, None, :, None]
+    return out
 
 
-def _placed(old: torch.Tensor, new: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
-    """A packed step's new keys (values), heads x tokens x size, placed: each running row's one
-    after its cache, each prompt's as a row of its own; all left-padded to `width`."""
-    rows = old.shape[0]
-    running = _left_pad(torch.cat([old, new[:, :rows].transpose(0, 1).unsqueeze(2)], dim=2),
-                        width)
-    padded = torch.cat([new.new_zeros(new.shape[0], 1, new.shape[2]), new[:, rows:]], dim=1)
-    index, start = [], 1  # 0 is the zero column
-    for n in lengths:
-        index.append([0] * (width - n) + list(range(start, start + n)))
-        start += n
-    joined = padded[:, torch.tensor(index)].transpose(0, 1)  # prompts x heads x width x size
-    return torch.cat([running, joined])
+AttentionInterface.register(PACKED, packed_attention)
 
 
 def prefill(model, prompts: list[list[int]]):

@@ -6,8 +6,9 @@ their KV cache at once), then admits waiting ones while the KV budget (serve.gen
 them, up to `prefill_tokens` of prompt a step (so a burst of arrivals cannot stall the running
 sequences for long). Where sequences are running, the joiners' prefill and the running rows'
 decode step are one packed forward (serve.generative.batch `step_joining`); otherwise, or where
-the model cannot take a packed forward, the joiners are prefilled together in one forward and
-join the running batch, and one decode step then gives every running sequence its next token.
+the model's architecture or the model itself cannot take a packed forward, the joiners are
+prefilled together in one forward and join the running batch, and one decode step then gives
+every running sequence its next token.
 Each sequence hears of its tokens and its end through its own `emit`, called on the loop's
 thread: an event per token (its text may be empty while a character or a possible stop string
 is incomplete), then one that ends it.
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from serve.generative.batch import PaddedBatch, prefill
+from serve.generative.batch import PaddedBatch, packable, prefill
 from serve.generative.kv import KvBudget, Row
 from serve.generative.text import TextStream
 from serve.generative.wire import Event, NeverFits, PromptTooLong, Sampling
@@ -69,7 +70,8 @@ class DecodeLoop:
                  prefill_tokens: int = 1024, packed: bool = True,
                  clock: Callable[[], float] = time.monotonic):
         self.model, self.tokenizer, self.budget = model, tokenizer, budget
-        self.packed = packed  # off for good once the model refuses a packed forward
+        # off for good once the model refuses a packed forward
+        self.packed = packed and packable(model.config)
         self.max_batch, self.prefill_tokens, self.clock = max_batch, prefill_tokens, clock
         self.context = getattr(model.config, "max_position_embeddings", None) or 2048
         self.eos = _eos_ids(model, tokenizer)

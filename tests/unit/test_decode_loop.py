@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serve.generative.batch import PaddedBatch, prefill
+from serve.generative.batch import PaddedBatch, packable, prefill
 from serve.generative.decode import (
     DecodeLoop,
     Event,
@@ -177,6 +178,14 @@ def test_a_model_that_keeps_every_tokens_logits_still_packs(lm):
     assert wrapped.packed == 1 and loop.packed
     for sequence in (first, second):
         assert_greedy(model, sequence.prompt, sequence.generated)
+
+
+@pytest.mark.parametrize(("config", "packs"), [
+    ({"model_type": "llama"}, True), ({"model_type": "qwen2", "sliding_window": None}, True),
+    ({"model_type": "gpt2"}, False), ({"model_type": "mistral", "sliding_window": 4096}, False),
+    ({"model_type": "llama", "attn_logit_softcapping": 50.0}, False)])
+def test_only_plain_attention_over_the_whole_cache_is_packed(config, packs):
+    assert packable(SimpleNamespace(**config)) is packs
 
 
 class NoPackedModel(FailingModel):
