@@ -26,7 +26,7 @@ import threading
 
 import torch
 from torch.nn import functional
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 
 
 class PaddedBatch:
@@ -88,7 +88,6 @@ class PaddedBatch:
         self.cache, self.mask = cache_of(out), mask
         return out.logits[:, -1, :]
 
-
     def step_joining(self, model, last: list[int], positions: list[int],
                      prompts: list[list[int]]) -> torch.Tensor:
         """A decode step for every row and the prefill of `prompts` in one packed forward (the
@@ -100,6 +99,7 @@ class PaddedBatch:
         ends = torch.tensor(lengths).cumsum(0) + rows - 1  # each prompt's last token
         keep = torch.cat([torch.arange(rows), ends])
         plan = _Packed(self.layers, self.mask, lengths)
+        _register()
         config = model.config
         before = config._attn_implementation
         config._attn_implementation, _ACTIVE.plan = PACKED, plan
@@ -196,7 +196,14 @@ def _placed(old: torch.Tensor, new: torch.Tensor, plan: _Packed) -> torch.Tensor
     return out
 
 
-AttentionInterface.register(PACKED, packed_attention)
+@functools.cache
+def _register() -> None:
+    """`packed_attention` in transformers' registry, at the first packed step: importing the
+    registry loads transformers' modeling code (and torchao with it), which a process that
+    only imports this module, as `serve run`'s does, should not pay for."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED, packed_attention)
 
 
 def prefill(model, prompts: list[list[int]]):

@@ -6,8 +6,11 @@ end only their own sequence."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -186,6 +189,18 @@ def test_a_model_that_keeps_every_tokens_logits_still_packs(lm):
     ({"model_type": "llama", "attn_logit_softcapping": 50.0}, False)])
 def test_only_plain_attention_over_the_whole_cache_is_packed(config, packs):
     assert packable(SimpleNamespace(**config)) is packs
+
+
+def test_the_packed_attention_is_registered_at_the_first_packed_step_not_at_import():
+    # transformers' attention registry loads its modeling code and torchao, whose console
+    # lines `serve run`'s driver process (which imports the app) must not print
+    code = ("import sys, serve.config, serve.generative.decode; "
+            "print(sorted(m for m in ('torchao', 'transformers.modeling_utils') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 class NoPackedModel(FailingModel):
