@@ -138,6 +138,7 @@ class _Packed:
     def __init__(self, layers, mask: torch.Tensor, lengths: list[int]):
         self.old, rows, width = layers, mask.shape[0], max(lengths)
         self.width = max(mask.shape[1] + 1, width)  # the batch's after the step
+        self.prompt_width = width  # a prompt's row within the step
         self.running_mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)],
                                       dim=1).bool()[:, None, None, :]
         first = (torch.tensor(lengths).cumsum(0) - torch.tensor(lengths) + rows).tolist()
@@ -170,7 +171,7 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         q[:, :rows].transpose(0, 1).unsqueeze(2), keys[:rows, :, -seen:],
         values[:rows, :, -seen:], attn_mask=plan.running_mask, scale=scaling,
         enable_gqa=gqa)  # rows x heads x 1 x size
-    width = plan.valid.shape[1]
+    width = plan.prompt_width
     joined = functional.scaled_dot_product_attention(
         q[:, plan.gather].transpose(0, 1), keys[rows:, :, -width:], values[rows:, :, -width:],
         attn_mask=plan.joined_mask, scale=scaling, enable_gqa=gqa)  # prompts x heads x width
@@ -185,7 +186,7 @@ def _placed(old: torch.Tensor, new: torch.Tensor, plan: _Packed) -> torch.Tensor
     then its new column, each prompt's as a row of its own, all left-padded to `plan.width`.
     `old`: rows x KV heads x width x size; `new`: KV heads x tokens x size."""
     rows, heads, seen, size = old.shape
-    width = plan.valid.shape[1]
+    width = plan.prompt_width
     out = old.new_empty(rows + plan.valid.shape[0], heads, plan.width, size)
     out[:rows, :, :plan.width - seen - 1] = 0
     out[:rows, :, plan.width - seen - 1:-1] = old

@@ -228,9 +228,7 @@ class DecodeLoop:
         """The running rows' decode step and the joiners' prefill in one forward; False (the
         batch untouched) where that forward fails, and for good where the model refuses it
         for another reason than memory."""
-        began = self.clock()
-        for sequence in joining:
-            sequence.admitted = began
+        self._admitted(joining)
         try:
             with torch.inference_mode():
                 logits = self.batch.step_joining(
@@ -248,12 +246,16 @@ class DecodeLoop:
         self.budget.holds(self.batch.rows * self.batch.width)
         return True
 
-    def _prefill(self, joining: list[Sequence]) -> None:
-        """Prefills `joining` in one forward and adds them to the batch; where that runs out
-        of memory, one by one; a sequence whose own prefill fails ends with the error."""
+    def _admitted(self, joining: list[Sequence]) -> None:
+        """Notes when `joining`'s prefill began (their first token's queue and prefill times)."""
         began = self.clock()
         for sequence in joining:
             sequence.admitted = began
+
+    def _prefill(self, joining: list[Sequence]) -> None:
+        """Prefills `joining` in one forward and adds them to the batch; where that runs out
+        of memory, one by one; a sequence whose own prefill fails ends with the error."""
+        self._admitted(joining)
         try:
             with torch.inference_mode():
                 cache, mask, logits = prefill(self.model, [s.prompt for s in joining])

@@ -49,8 +49,8 @@ def test_the_stream_is_bounded_by_maxlen(redis_url):
         assert [r.text for r in newest] == [f"t{i}" for i in range(495, 500)]
         assert newest[-1].request_id == "req-t499" and newest[-1].baseline_margin == 0.25
         # oldest first, stream ids attached ("<ms>-<seq>": compared as numbers, not text)
-        assert [tuple(map(int, r.id.split("-"))) for r in newest] == sorted(
-            tuple(map(int, r.id.split("-"))) for r in newest)
+        ids = [tuple(map(int, r.id.split("-"))) for r in newest]
+        assert ids == sorted(ids)
     finally:
         writer.close()
 
